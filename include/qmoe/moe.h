@@ -1,0 +1,97 @@
+// An MoE layer: routing (spec §8), plan (per-expert token lists) and run (experts + combine).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qmoe/config.h"
+#include "qmoe/params.h"
+
+namespace qmoe {
+
+// ---------------------------------------------------------------------------------------------
+// Routing. logits [T, E] fp32 → ids [T, K] (global expert ids) and weights [T, K] fp32.
+// Ties break toward the lower expert id. NaN / Inf in the logits: qmoe::Error naming the token.
+// `correction_bias` [E] (may be null) is used for selection only.
+void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, const float* correction_bias,
+           int32_t* topk_ids, float* topk_weights);
+
+// Router logits = x [T, H] · W[E, H]ᵀ (+ bias [E]), fp32 products, fp64 accumulation rounded to fp32.
+void compute_router_logits(const float* x, int T, int H, const Tensor& weight, const Tensor* bias, float* logits);
+
+// ---------------------------------------------------------------------------------------------
+// Expert computation (the kernels). out [T, H] is *accumulated into* (callers zero it).
+struct ExpertsArgs {
+  const ExpertParams* params = nullptr;
+  const float* x = nullptr;         // [T, H] layer input (fp32 values; bf16 inputs are exact in fp32)
+  int T = 0;
+  int K = 0;
+  const int32_t* topk_ids = nullptr;     // [T, K] global expert ids
+  const float* topk_weights = nullptr;   // [T, K]
+  bool router_weight_on_input = false;   // x ← x · w[t,0] before quantization (K must be 1)
+  float* out = nullptr;                  // [T, H]
+};
+
+enum class Kernel { Reference, Optimized };
+
+// The scalar reference: exact dequantized weights, fp64 accumulation, activations and the
+// intermediate quantized exactly where the scheme says. THE SPEC for every other kernel.
+void experts_reference(const ExpertsArgs& a);
+
+// Optimized CPU kernels (threads × SIMD, in-kernel decode). `threads` ≤ 0: all cores.
+void experts_optimized(const ExpertsArgs& a, int threads);
+
+// ---------------------------------------------------------------------------------------------
+// Plan / run.
+struct MoEWorkspace {
+  int T = 0, K = 0;
+  std::vector<int32_t> topk_ids;      // [T, K]
+  std::vector<float> topk_weights;    // [T, K]
+  std::vector<int32_t> counts;        // [E_loc] slots per local expert
+  std::vector<int32_t> offsets;       // [E_loc + 1] prefix sums
+  std::vector<int32_t> sorted_slots;  // [offsets[E_loc]] slot ids t·K + k grouped by local expert
+  std::vector<float> scratch;         // kernel scratch, grown as needed
+};
+
+struct MoELayerOptions {
+  LoadOptions load;
+  Kernel kernel = Kernel::Optimized;
+  int threads = 0;            // ≤ 0: all cores
+};
+
+class MoELayer {
+ public:
+  // Load layer `layer` of the checkpoint in `dir` (config.json + safetensors), process it.
+  static MoELayer from_checkpoint(const std::string& dir, int layer, const MoELayerOptions& opt = {});
+  // From parameters in memory (already processed or not; processed here).
+  MoELayer(ModelConfig cfg, ExpertParams experts, std::optional<ExpertParams> shared = std::nullopt,
+           Tensor router_weight = {}, Tensor router_bias = {}, Tensor correction_bias = {},
+           Tensor shared_gate = {}, MoELayerOptions opt = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  const ExpertParams& experts() const { return experts_; }
+  const std::optional<ExpertParams>& shared_expert() const { return shared_; }
+  const MoELayerOptions& options() const { return opt_; }
+  void set_kernel(Kernel k) { opt_.kernel = k; }
+  void set_threads(int n) { opt_.threads = n; }
+  bool has_router() const { return router_weight_.defined(); }
+
+  // Routing from logits [T, E] (or from hidden states through the router weight) into `ws`.
+  void plan(const float* router_logits, int T, MoEWorkspace& ws) const;
+  void plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const;
+  // out [T, H] = Σ_k w·expert(x) (+ shared expert). Thread-safe for separate workspaces.
+  void run(const float* x, MoEWorkspace& ws, float* out) const;
+
+ private:
+  ModelConfig cfg_;
+  ExpertParams experts_;
+  std::optional<ExpertParams> shared_;
+  Tensor router_weight_, router_bias_, correction_bias_, shared_gate_;
+  std::vector<float> correction_bias_f32_;
+  MoELayerOptions opt_;
+};
+
+}  // namespace qmoe

@@ -1,0 +1,1 @@
+// placeholder: this module's sources replace this file.
