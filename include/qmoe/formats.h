@@ -260,6 +260,7 @@ QMOE_HD int mx_shared_exponent(float amax, MxElem e, MxScaleMode mode) {
       uint32_t bits = f32_to_bits(amax) + (1u << (22 - mx_elem_mbits(e)));
       bits &= 0x7F800000u;
       const int field = static_cast<int>(bits >> 23);
+      if (field == 255) return 127;  // the rounded amax overflowed to +Inf: log2 = Inf, clamped (§10.4)
       ex = field == 0 ? -127 : field - 127;  // subnormal amax stays below 2^-126
     }
   } else {
@@ -349,7 +350,8 @@ QMOE_HD int8_t int8_saturate_rne(float v) {  // round half to even, saturate to 
   r = fminf(fmaxf(r, -128.0f), 127.0f);
   return static_cast<int8_t>(r);
 }
-QMOE_HD float round_half_away(float v) { return v < 0.0f ? -floorf(-v + 0.5f) : floorf(v + 0.5f); }
+// roundf is exact; floor(v + 0.5) is not (0.49999997f + 0.5f rounds up to 1.0f in fp32).
+QMOE_HD float round_half_away(float v) { return roundf(v); }
 
 // Quark symmetric weight scale: amax / 127.5, at least FLT_EPSILON.
 QMOE_HD float int8_weight_scale(float amax) {
