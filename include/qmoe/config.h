@@ -148,4 +148,10 @@ LayerScheme resolve_shared_expert_scheme(const ModelConfig& cfg, int layer);
 // Resolution from a layer config alone (used by the above and by the quantizer's round trip).
 LayerScheme resolve_scheme_from_layer_config(const QLayerConfig& lc, std::string_view prefix);
 
+// The `quantization_config` object (JSON text, keys sorted, as Quark 0.13 exports it:
+// checkpoint-format.md §2, incl. the `export` block) of a checkpoint quantized with scheme `s`
+// (global_quant_config only; layer_quant_config empty), with the given exclude list. The
+// "unquantized" scheme gives weight and input_tensors null. Used by the quantizer.
+std::string quark_quantization_config_json(const SchemeInfo& s, const std::vector<std::string>& exclude);
+
 }  // namespace qmoe
