@@ -24,7 +24,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # For the H200 machine: build with CUDA, run every CUDA test and the GPU benchmarks, print a table.
-gpu-check: setup
+gpu-check:
 	bash scripts/gpu_check.sh
 
 bench: build

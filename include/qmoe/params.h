@@ -16,9 +16,11 @@ namespace qmoe {
 struct LoadOptions {
   int tp_rank = 0;
   int tp_size = 1;
-  int ep_rank = 0;   // expert parallel: rank r of ep_size owns global experts
-  int ep_size = 1;   //   [r·E/ep_size, (r+1)·E/ep_size)
-  std::vector<int> expert_map;  // optional explicit global → local map (−1 = not local); overrides ep_*
+  int ep_rank = 0;   // expert parallel: rank r of ep_size owns a contiguous range of global experts:
+  int ep_size = 1;   //   base = E / ep_size, the first E % ep_size ranks own base + 1 (vLLM's split;
+                     //   [r·E/ep_size, (r+1)·E/ep_size) when E divides)
+  std::vector<int> expert_map;  // optional explicit global → local map [E] (−1 = not local, the others a
+                                // permutation of 0..E_loc−1); overrides ep_*
 };
 
 // The activation between the GEMMs.
@@ -43,23 +45,27 @@ struct ExpertParams {
   int inter = 0;                // I_p: this rank's intermediate slice
   int inter_full = 0;           // I before TP slicing
   int tp_rank = 0, tp_size = 1;
+  std::string prefix;           // checkpoint prefix of these experts (e.g. "model.layers.3.mlp.experts"), for messages
 
-  // [E_loc, 2·I_p, packed(H)]: U8 fp4 pairs (even element in the low nibble) / fp6 4-in-3 bytes;
-  // I8; U8 holding F8_E4M3 codes; BF16 for unquantized. Rows: gate then up (interleaved for gpt-oss).
+  // [E_loc, 2·I_p, packed(H)]: U8 fp4 pairs (even element in the low nibble) / fp6 4-in-3 bytes (MX,
+  // NVFP4); I8 (INT8); F8_E4M3 (FP8); F32 for unquantized (the exact checkpoint BF16 / F16 / F32
+  // values). Rows: gate then up (interleaved for gpt-oss).
   Tensor w13_weight;
   // [E_loc, H, packed(I_p)], same element formats.
   Tensor w2_weight;
-  // MX: U8 E8M0 [E_loc, 2·I_p, H/32]; NVFP4: U8 (F8_E4M3 codes) [E_loc, 2·I_p, H/16];
-  // per-channel: F32 [E_loc, 2·I_p]; per-tensor: F32 [E_loc, 2] ([e,0] = w1, [e,1] = w3), after
-  // processing F32 [E_loc] (w13 requantized to the max). Undefined for unquantized.
+  // MX: U8 E8M0 [E_loc, 2·I_p, H/32]; NVFP4: F8_E4M3 [E_loc, 2·I_p, H/16];
+  // per-channel: F32 [E_loc, 2·I_p]; per-tensor: F32 [E_loc, 2] ([e,0] = w1, [e,1] = w3; gpt-oss's
+  // fused gate_up_proj scale is written to both), after processing F32 [E_loc] (w13 requantized to
+  // the max). Undefined for unquantized.
   Tensor w13_weight_scale;
-  // MX: U8 [E_loc, H, I_p/32]; NVFP4: U8 (F8_E4M3) [E_loc, H, I_p/16]; per-channel F32 [E_loc, H];
+  // MX: U8 [E_loc, H, I_p/32]; NVFP4: F8_E4M3 [E_loc, H, I_p/16]; per-channel F32 [E_loc, H];
   // per-tensor F32 [E_loc].
   Tensor w2_weight_scale;
   // NVFP4 weight_scale_2 (dequant multiplier): F32 [E_loc, 2] → [E_loc] after processing; w2 [E_loc].
   Tensor w13_weight_scale_2, w2_weight_scale_2;
   // Static activation scales (fp8 / int8 static, MX a_fp8: input_scale; NVFP4: input_scale_2):
   // F32 [E_loc] (NVFP4 w13: [E_loc, 2] whose whole row each of w1 / w3 writes — the last wins).
+  // After processing: F32 [] holding the max over experts (dequantization direction).
   Tensor w13_input_scale, w2_input_scale;
   // INT8 zero points as loaded (I8, shapes of the scales); dropped by processing.
   Tensor w13_weight_zero_point, w2_weight_zero_point, w13_input_zero_point, w2_input_zero_point;
@@ -80,6 +86,8 @@ struct ExpertParams {
 
 // Allocate the parameters of `scheme` for E experts (E_loc local), hidden H, per-rank
 // intermediate I_p, as the seed's create_weights does (MX scales initialised to 1, the rest 0).
+// `expert_map` as LoadOptions::expert_map; empty: all E experts local. Sizes that do not fit the
+// scheme's packing / block size (MX: H and I_p multiples of 32; NVFP4: of 16): qmoe::Error.
 ExpertParams create_expert_params(const SchemeInfo& scheme, int num_experts, const std::vector<int>& expert_map,
                                   int hidden, int inter_per_rank, bool has_bias, const ActivationSpec& act);
 
