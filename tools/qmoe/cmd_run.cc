@@ -1,13 +1,146 @@
-// qmoe run — placeholder until the command lands.
+// qmoe run MODEL_DIR --layer L --input IN.safetensors -o OUT.safetensors [--device cpu]
+//          [--kernel reference|optimized] [--threads N] [--tp-rank r --tp-size n] [--ep-rank r --ep-size n]
+// Runs one MoE layer. Input: `hidden_states` [T, H] BF16 or F32 and optionally `router_logits`
+// [T, E] F32 (else the logits are computed with the checkpoint's router weight). Output:
+// `output` [T, H] F32 (this rank's partial sum under TP / EP), `topk_ids` [T, K] I32,
+// `topk_weights` [T, K] F32, written atomically (nothing is written on error).
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "qmoe/config.h"
 #include "qmoe/error.h"
+#include "qmoe/moe.h"
+#include "qmoe/safetensors.h"
 
 namespace qmoe::cli {
 
+namespace {
+
+struct RunOptions {
+  std::string dir;
+  int layer = -1;  // −1: the first MoE layer
+  std::string input, output;
+  std::string device = "cpu";
+  std::string kernel = "optimized";
+  int threads = 0;
+  int tp_rank = 0, tp_size = 1, ep_rank = 0, ep_size = 1;
+};
+
+void check_rank(const char* what, int rank, int size) {
+  if (size < 1) throw Error(fmt::format("--{}-size must be at least 1, got {}", what, size));
+  if (rank < 0 || rank >= size)
+    throw Error(fmt::format("--{}-rank {} is outside [0, {}) (--{}-size {})", what, rank, size, what, size));
+}
+
+// The input hidden states as fp32 [T, H].
+std::vector<float> read_hidden(const SafetensorsFile& in, int64_t& T, int64_t& H) {
+  const TensorInfo* info = in.find("hidden_states");
+  if (info == nullptr) throw Error(fmt::format("input {}: tensor 'hidden_states' not found", in.path()));
+  if (info->dtype != DType::BF16 && info->dtype != DType::F32)
+    throw Error(fmt::format("input {}: 'hidden_states' has dtype {}; expected BF16 or F32", in.path(),
+                            dtype_name(info->dtype)));
+  if (info->shape.size() != 2)
+    throw Error(
+        fmt::format("input {}: 'hidden_states' has shape {}; expected [T, H]", in.path(), shape_str(info->shape)));
+  T = info->shape[0];
+  H = info->shape[1];
+  if (T < 1)
+    throw Error(fmt::format("input {}: 'hidden_states' has no tokens (shape {})", in.path(), shape_str(info->shape)));
+  return to_f32(in.get("hidden_states"), "hidden_states");
+}
+
+void run_command(const RunOptions& o) {
+  check_rank("tp", o.tp_rank, o.tp_size);
+  check_rank("ep", o.ep_rank, o.ep_size);
+  if (o.device == "cuda") {
+#ifdef QMOE_HAVE_CUDA
+    throw Error(
+        "--device cuda: running a layer through the CUDA backend is not available in 'qmoe run' yet; use --device cpu");
+#else
+    throw Error("--device cuda: this qmoe was built without CUDA (configure with -DQMOE_CUDA=ON); use --device cpu");
+#endif
+  }
+  if (o.threads < 0) throw Error(fmt::format("--threads must be ≥ 0 (0 = all cores), got {}", o.threads));
+
+  const auto in = SafetensorsFile::open(o.input);
+  int64_t T = 0, H = 0;
+  const std::vector<float> hidden = read_hidden(*in, T, H);
+
+  int layer_index = o.layer;
+  if (layer_index < 0) {
+    const ModelConfig cfg = ModelConfig::load(o.dir);
+    layer_index = cfg.moe_layers.empty() ? 0 : cfg.moe_layers.front();
+  }
+  MoELayerOptions opt;
+  opt.load.tp_rank = o.tp_rank;
+  opt.load.tp_size = o.tp_size;
+  opt.load.ep_rank = o.ep_rank;
+  opt.load.ep_size = o.ep_size;
+  opt.kernel = o.kernel == "reference" ? Kernel::Reference : Kernel::Optimized;
+  opt.threads = o.threads;
+  const MoELayer layer = MoELayer::from_checkpoint(o.dir, layer_index, opt);
+  if (H != layer.experts().hidden)
+    throw Error(fmt::format("input {}: 'hidden_states' has hidden size {}; layer {} of {} has hidden_size {}", o.input,
+                            H, layer_index, o.dir, layer.experts().hidden));
+
+  MoEWorkspace ws;
+  const int E = layer.config().num_experts;
+  if (const TensorInfo* li = in->find("router_logits")) {
+    if (li->dtype != DType::F32 || li->shape != Shape{T, E})
+      throw Error(fmt::format("input {}: 'router_logits' is {} {}; expected F32 [{}, {}]", o.input,
+                              dtype_name(li->dtype), shape_str(li->shape), T, E));
+    const std::vector<float> logits = to_f32(in->get("router_logits"), "router_logits");
+    layer.plan(logits.data(), static_cast<int>(T), ws);
+  } else {
+    if (!layer.has_router())
+      throw Error(fmt::format("input {} has no 'router_logits' and layer {} of {} has no router weight ({})", o.input,
+                              layer_index, o.dir, layer.config().router_weight_name(layer_index)));
+    layer.plan_from_hidden(hidden.data(), static_cast<int>(T), ws);
+  }
+
+  std::vector<float> out(static_cast<size_t>(T * H));
+  layer.run(hidden.data(), ws, out.data());
+
+  const int64_t K = ws.K;
+  Tensor ids = Tensor::zeros(DType::I32, {T, K});
+  std::memcpy(ids.mutable_data(), ws.topk_ids.data(), ws.topk_ids.size() * sizeof(int32_t));
+  write_safetensors(o.output, {{"output", Tensor::from_f32(out, {T, H})},
+                               {"topk_ids", ids},
+                               {"topk_weights", Tensor::from_f32(ws.topk_weights, {T, K})}});
+  fmt::print("layer {} ({}, {}): {} tokens, top-{} of {} experts, kernel {}{} -> {}\n", layer_index,
+             layer.experts().scheme->name, layer.config().model_type, T, K, E, o.kernel,
+             o.tp_size > 1 || o.ep_size > 1
+                 ? fmt::format(", tp {}/{}, ep {}/{} (partial output)", o.tp_rank, o.tp_size, o.ep_rank, o.ep_size)
+                 : std::string(),
+             o.output);
+}
+
+}  // namespace
+
 void register_run(CLI::App& app) {
-  auto* sub = app.add_subcommand("run", "(not implemented yet)");
-  sub->allow_extras();
-  sub->callback([] { throw qmoe::Error("'run' is not implemented yet"); });
+  auto o = std::make_shared<RunOptions>();
+  auto* sub = app.add_subcommand("run", "Run one MoE layer of a checkpoint on hidden states from a safetensors file");
+  sub->add_option("model_dir", o->dir, "checkpoint directory (config.json + safetensors)")->required();
+  sub->add_option("--layer", o->layer, "decoder layer index (default: the first MoE layer)");
+  sub->add_option("-i,--input", o->input,
+                  "input safetensors: hidden_states [T, H] BF16/F32, optional router_logits [T, E] F32")
+      ->required();
+  sub->add_option("-o,--output", o->output, "output safetensors: output [T, H] F32, topk_ids, topk_weights")
+      ->required();
+  sub->add_option("--device", o->device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--kernel", o->kernel, "reference | optimized (CPU)")
+      ->check(CLI::IsMember({"reference", "optimized"}));
+  sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  sub->add_option("--tp-rank", o->tp_rank, "tensor-parallel rank");
+  sub->add_option("--tp-size", o->tp_size, "tensor-parallel size");
+  sub->add_option("--ep-rank", o->ep_rank, "expert-parallel rank");
+  sub->add_option("--ep-size", o->ep_size, "expert-parallel size");
+  sub->callback([o] { run_command(*o); });
 }
 
 }  // namespace qmoe::cli

@@ -1,0 +1,94 @@
+// CUDA backend (NVIDIA Hopper, sm_90a): the MoE expert computation on the GPU.
+//
+// No CUDA header is needed to use this one: device pointers are plain pointers, the stream is a
+// `void*` holding a cudaStream_t (nullptr = the legacy default stream).
+//
+// Numerics (spec quark-moe.md §9, §16.6): weights are decoded inside the GEMM kernels to bf16
+// (every stored format is exact in bf16: e2m1 / fp6 / fp8 codes times their E8M0 or FP8 block
+// scale), accumulation is fp32 (int32 for INT8 W8A8), per-channel / per-tensor / global scales are
+// applied in fp32 after the accumulation, bias and activation are fp32, the intermediate is
+// quantized from fp32 exactly as the scheme says (formats.h functions, IEEE divisions), the router
+// weight is applied in fp32 and the top-k sum is fp32 in a fixed order (deterministic output).
+// Activations that the scheme does not quantize (weight-only and unquantized schemes) are fed to
+// the bf16 tensor cores as a bf16 hi + lo pair (fp32-accurate) unless `CudaOptions::bf16_activations`
+// asks for the faster single bf16 rounding that vLLM uses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "qmoe/moe.h"
+#include "qmoe/params.h"
+
+namespace qmoe::cuda {
+
+// True when the library was built with CUDA and a device is visible.
+bool available();
+int device_count();
+// "NVIDIA H200 (sm_90, 132 SMs, 143771 MiB)" or "" when there is no device.
+std::string device_description(int device = 0);
+
+struct CudaOptions {
+  // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once
+  // (vLLM's precision, rel-L2 ~1e-3) instead of the exact bf16 hi + lo split (2 MMAs).
+  bool bf16_activations = false;
+  int token_tile = 0;  // tokens per GEMM tile: 16, 64 or 128; 0 = chosen from tokens per expert
+  int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
+  int device = 0;
+};
+
+// The routed experts of one layer resident on a GPU. The constructor validates and uploads the
+// (processed) parameters once, repacked for the kernels: rows padded to 128 and K to one pipeline
+// stage (64 for bf16, 128 otherwise), weights tile-major (each 128-row × stage block contiguous;
+// FP4 codes in MMA-fragment order), block scales regrouped per stage. Not copyable; movable.
+class CudaExperts {
+ public:
+  explicit CudaExperts(const ExpertParams& p, const CudaOptions& opt = {});
+  // Random parameters generated on the device (benchmarks): codes uniform over the finite values
+  // of the format, plausible scales. `act` gives the activation; E_loc = E.
+  static CudaExperts random(const SchemeInfo& scheme, int num_experts, int hidden, int inter,
+                            const ActivationSpec& act, uint64_t seed, const CudaOptions& opt = {});
+  ~CudaExperts();
+  CudaExperts(CudaExperts&&) noexcept;
+  CudaExperts& operator=(CudaExperts&&) noexcept;
+  CudaExperts(const CudaExperts&) = delete;
+  CudaExperts& operator=(const CudaExperts&) = delete;
+
+  // Plan: size the work buffers for up to `max_tokens` tokens of top-`top_k` routing. The launch
+  // configuration of a call depends only on (T, K) and the options, so a captured graph replays
+  // the same grid. No allocation happens in run_device afterwards.
+  void reserve(int max_tokens, int top_k);
+
+  // Stream-ordered, no host synchronisation, no allocation: capturable in a CUDA graph.
+  // d_x [T, H] fp32, d_topk_ids [T, K] int32 (global ids), d_topk_weights [T, K] fp32,
+  // d_out [T, H] fp32: out += Σ_k w·expert(x) (or out = … when accumulate is false).
+  // Requires reserve(≥ T, K) first.
+  void run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
+                  float* d_out, bool router_weight_on_input, bool accumulate, void* stream) const;
+
+  // Host convenience: copies the ExpertsArgs inputs to the device, runs, adds into a.out, syncs.
+  // a.params is ignored (this object's parameters are used).
+  void run_host(const ExpertsArgs& a) const;
+
+  int hidden() const;
+  int inter() const;
+  int num_experts() const;
+  int num_local() const;
+  const SchemeInfo& scheme() const;
+  // Device bytes of one local expert's stored weights + scales (unpadded, as the checkpoint
+  // stores them), used for bandwidth figures.
+  double expert_bytes() const;
+
+  struct Impl;
+
+ private:
+  CudaExperts();
+  std::unique_ptr<Impl> impl_;
+};
+
+// experts_reference's signature on the GPU: uploads a.params, runs, adds into a.out.
+void experts_cuda(const ExpertsArgs& a, const CudaOptions& opt = {});
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `make gpu-check`, for a machine with an NVIDIA Hopper GPU (H100 / H200):
+#   1. configure + build the CUDA backend (Release, sm_90a, all cores): test_cuda and bench_cuda;
+#   2. run test_cuda (every scheme × activation vs the CPU reference, edge cases, conformance cases);
+#   3. run the GPU benchmarks (bench_cuda: whole-layer µs, GB/s, TFLOP/s, % of the performance.md floor);
+#   4. print a short summary table LAST.
+#
+# Environment:
+#   CUDA_BUILD   build directory (default: build-cuda)
+#   JOBS         parallel compile jobs (default: all cores)
+#   BENCH_ARGS   extra arguments for bench_cuda (e.g. "--shapes qwen3-30b-a3b --tokens 1,16")
+#   SKIP_TESTS=1 / SKIP_BENCH=1 to skip a step
+#   GPU_CHECK_OUT  where logs and the CSV go (default: $CUDA_BUILD/gpu-check)
+#   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest (usr/include, usr/lib/...),
+#                for machines without those packages and without network (default: build-deps/usr
+#                when it exists). Make one on a Debian/Ubuntu box with scripts/gpu_deps.sh.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${CUDA_BUILD:-$ROOT/build-cuda}
+case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+JOBS=${JOBS:-$(nproc)}
+LOGS=${GPU_CHECK_OUT:-$BUILD/gpu-check}
+mkdir -p "$BUILD" "$LOGS"
+
+echo "== gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+nvcc --version | tail -1
+
+# ---- dependencies ---------------------------------------------------------------------------------
+CMAKE_EXTRA=()
+DEPS=${QMOE_DEPS:-$ROOT/build-deps/usr}
+have_sys_deps() { [ -f /usr/include/fmt/core.h ] && [ -f /usr/include/nlohmann/json.hpp ] && [ -f /usr/include/CLI/CLI.hpp ] && [ -f /usr/include/gtest/gtest.h ]; }
+if ! have_sys_deps; then
+  if [ -d "$DEPS/include" ]; then
+    echo "using build dependencies from $DEPS"
+    CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=$DEPS")
+    export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  else
+    echo "fmt / nlohmann_json / CLI11 / GTest missing: trying scripts/setup.sh (needs network)"
+    bash "$ROOT/scripts/setup.sh"
+  fi
+fi
+
+# ---- configure + build ----------------------------------------------------------------------------
+# CMake < 3.26 does not know the c++20 flag for nvcc; naming it is harmless on newer versions.
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CUDA_ARCHS=90a \
+  -DQMOE_BUILD_TESTS=ON -DQMOE_BUILD_BENCH=ON \
+  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+  "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
+t0=$(date +%s)
+cmake --build "$BUILD" --target test_cuda bench_cuda -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
+  grep -E "error|Error" "$LOGS/build.log" | head -40
+  exit 1
+}
+echo "build: $(( $(date +%s) - t0 )) s"
+TEST_BIN=$BUILD/tests/test_cuda
+BENCH_BIN=$BUILD/bench/bench_cuda
+
+# ---- tests ----------------------------------------------------------------------------------------
+TEST_SUMMARY="test_cuda: skipped"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  set +e
+  (cd "$ROOT" && "$TEST_BIN" --gtest_brief=1 --gtest_output="xml:$LOGS/test_cuda.xml") >"$LOGS/test_cuda.log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|Failure|Expected|Which is|rows over|rel" "$LOGS/test_cuda.log" | head -60 || true
+  passed=$(grep -oE "\[  PASSED  \] [0-9]+" "$LOGS/test_cuda.log" | grep -oE "[0-9]+" || echo 0)
+  failed=$(grep -oE "\[  FAILED  \] [0-9]+ test" "$LOGS/test_cuda.log" | grep -oE "[0-9]+" || echo 0)
+  TEST_SUMMARY="test_cuda: exit $rc, ${passed:-0} passed, ${failed:-0} failed (log: $LOGS/test_cuda.log)"
+fi
+
+# ---- benchmarks -----------------------------------------------------------------------------------
+TABLE=""
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  "$BENCH_BIN" --out "$LOGS/bench_cuda.csv" ${BENCH_ARGS:-} >"$LOGS/bench_cuda.log" 2>&1 || {
+    tail -20 "$LOGS/bench_cuda.log"
+    echo "bench_cuda failed"
+  }
+  TABLE=$(grep -E "^\|" "$LOGS/bench_cuda.log" || true)
+fi
+
+echo
+echo "$TEST_SUMMARY"
+[ -n "$TABLE" ] && echo "$TABLE"

@@ -1,0 +1,295 @@
+// Activation row layout, scheme → dot-product kind, and the scalar row quantizer (the definition
+// every SIMD quantizer is tested against; it follows ref::act_qdq_row rule by rule).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+#include "qmoe/error.h"
+#include "qmoe/formats.h"
+
+namespace qmoe::cpu {
+
+namespace {
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+}  // namespace
+
+const float* e8m0_table() {
+  static const auto* t = [] {
+    auto* a = new float[256];
+    for (int i = 0; i < 256; ++i) a[i] = e8m0_decode(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return t;
+}
+
+const float* fp8_e4m3_table() {
+  static const auto* t = [] {
+    auto* a = new float[256];
+    for (int i = 0; i < 256; ++i) a[i] = fp8_e4m3_decode(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return t;
+}
+
+ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k) {
+  ActLayout l;
+  l.kind = kind;
+  l.fp4_order = consumer == WeightFormat::Mxfp4 || consumer == WeightFormat::Nvfp4;
+  l.k = k;
+  l.k_pad = static_cast<int>(round_up(k, 64));
+  l.elem_bytes = kind == DotKind::F32 ? 4 : 1;
+  l.vals_off = 64;
+  int64_t end = l.vals_off + static_cast<int64_t>(l.k_pad) * l.elem_bytes;
+  if (kind == DotKind::Fp4Mx || kind == DotKind::Fp4Nv) {
+    l.block = kind == DotKind::Fp4Mx ? kMxBlock : kNvfp4Block;
+    if (k % l.block != 0)
+      throw Error(fmt::format("activation length {} is not a multiple of the block size {}", k, l.block));
+    l.nblocks = k / l.block;
+    l.scales_off = end;
+    end += round_up(static_cast<int64_t>(l.nblocks) * 4 + 64, 64);  // + slack for vector loads
+    l.corr_off = end;
+    end += l.k_pad;  // k_pad / 4 int32
+    l.bcorr_off = end;
+    end += round_up(static_cast<int64_t>(l.nblocks) * 4, 64);
+  }
+  l.stride = round_up(end, 64);
+  return l;
+}
+
+int act_value_position(const ActLayout& l, int i) {
+  if (!l.fp4_order) return i;
+  const int c = i & ~63, h = (i >> 5) & 1, m = (i >> 1) & 15, o = i & 1;
+  return c + 32 * o + 16 * h + m;
+}
+
+void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
+  float rs;
+  std::memcpy(&rs, row, 4);
+  const uint8_t* vals = row + l.vals_off;
+  for (int i = 0; i < l.k; ++i) {
+    const int p = act_value_position(l, i);
+    switch (l.kind) {
+      case DotKind::F32: {
+        float v;
+        std::memcpy(&v, vals + 4 * p, 4);
+        out[i] = static_cast<double>(v) * rs;
+        break;
+      }
+      case DotKind::I8: out[i] = static_cast<double>(static_cast<int8_t>(vals[p])) * rs; break;
+      case DotKind::Fp4Mx:
+      case DotKind::Fp4Nv: {
+        float bs;
+        std::memcpy(&bs, row + l.scales_off + 4 * (i / l.block), 4);
+        // value · scale · row_scale(0.25) · 2: the stored value is 2·e2m1, the weight side the same.
+        out[i] = static_cast<double>(static_cast<int8_t>(vals[p])) * 0.5 * bs;
+        break;
+      }
+    }
+  }
+}
+
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa) {
+  if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
+    return DotKind::I8;
+  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Mx;
+  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Nv;
+  return DotKind::F32;
+}
+
+float bias_value(const WeightView& w, int n) {
+  switch (w.bias_dtype) {
+    case DType::BF16: return bf16_decode(static_cast<const uint16_t*>(w.bias)[n]);
+    case DType::F16: return fp16_decode(static_cast<const uint16_t*>(w.bias)[n]);
+    default: return static_cast<const float*>(w.bias)[n];
+  }
+}
+
+ActParams act_params_of(const ActivationSpec& a) {
+  ActParams r;
+  r.kind = a.kind;
+  r.interleaved = a.interleaved;
+  r.has_limit = a.limit.has_value();
+  r.limit = a.limit.value_or(0.0f);
+  r.alpha = a.alpha;
+  r.spec = &a;
+  return r;
+}
+
+void activation_row_scalar(const ActParams& act, const float* y1, int inter, float* z) {
+  ref::apply_activation_row(*act.spec, y1, inter, z);
+}
+
+int mx_shared_exponent_of(float amax, int elem, int mode) {
+  return mx_shared_exponent(amax, static_cast<MxElem>(elem), static_cast<MxScaleMode>(mode));
+}
+float fp8_e4m3_round(float v) { return fp8_e4m3_decode(fp8_e4m3_encode(v)); }
+float abs_max_scalar(const float* x, int64_t n) { return ref::abs_max(x, n); }
+
+namespace {
+
+MxElem mx_elem_of(ActQuant a) {
+  return a == ActQuant::Mxfp4 ? MxElem::Fp4E2M1 : a == ActQuant::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp6E3M2;
+}
+
+float row_abs_max(const float* x, int n) { return ref::abs_max(x, n); }
+
+// Dequantization-direction scale of the fp8 / int8 rules (ref::act_qdq_row).
+float fp8_row_scale(const ref::ActQuantRule& r, const float* x, int n, float tensor_scale) {
+  if (r.kind == ActQuant::Fp8DynToken) return fp8_token_scale(row_abs_max(x, n));
+  if (r.kind == ActQuant::Fp8DynTensor) return tensor_scale;
+  return r.static_scale;
+}
+
+[[noreturn]] void bad_combo(const ActLayout& l, const ref::ActQuantRule& r) {
+  throw Error(fmt::format("internal: activation rule {} cannot produce dot kind {}", to_string(r.kind),
+                          static_cast<int>(l.kind)));
+}
+
+}  // namespace
+
+void fill_fp4_corrections(const ActLayout& l, uint8_t* row) {
+  if (l.corr_off == 0) return;
+  const int8_t* v = reinterpret_cast<const int8_t*>(row + l.vals_off);
+  int32_t* corr = reinterpret_cast<int32_t*>(row + l.corr_off);
+  for (int q = 0; q < l.k_pad / 4; ++q) corr[q] = -12 * (v[4 * q] + v[4 * q + 1] + v[4 * q + 2] + v[4 * q + 3]);
+  fill_fp4_block_corrections(l, row);
+}
+
+void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row) {
+  if (l.bcorr_off == 0) return;
+  const int32_t* corr = reinterpret_cast<const int32_t*>(row + l.corr_off);
+  int32_t* bc = reinterpret_cast<int32_t*>(row + l.bcorr_off);
+  // A block's stored positions come in runs of 4 (an MX block: 2 × 16, an NVFP4 block: 2 × 8).
+  for (int b = 0; b < l.nblocks; ++b) {
+    int32_t sum = 0;
+    for (int e = b * l.block; e < (b + 1) * l.block; e += 2) {
+      const int p = act_value_position(l, e);  // even element; its odd partner is at p + 32
+      if (p % 4 == 0) sum += corr[p / 4] + corr[(p + 32) / 4];
+    }
+    bc[b] = sum;
+  }
+}
+
+void quantize_row_scalar(const QuantRowArgs& a) {
+  const ActLayout& l = *a.layout;
+  const ref::ActQuantRule& r = *a.rule;
+  const float* x = a.x;
+  const int k = l.k;
+  uint8_t* dst = a.dst;
+  std::memset(dst, 0, static_cast<size_t>(l.vals_off + static_cast<int64_t>(l.k_pad) * l.elem_bytes));
+  if (l.scales_off > 0) std::memset(dst + l.scales_off, 0, static_cast<size_t>(l.stride - l.scales_off));
+  float row_scale = 1.0f;
+  int32_t sum = 0;
+  switch (l.kind) {
+    case DotKind::F32: {
+      float* v = reinterpret_cast<float*>(dst + l.vals_off);
+      auto put = [&](int i, float val) { v[act_value_position(l, i)] = val; };
+      switch (r.kind) {
+        case ActQuant::None:
+          for (int i = 0; i < k; ++i) put(i, x[i]);
+          break;
+        case ActQuant::Fp8Static:
+        case ActQuant::Fp8DynToken:
+        case ActQuant::Fp8DynTensor: {
+          row_scale = fp8_row_scale(r, x, k, a.tensor_scale);
+          const float inv = 1.0f / row_scale;
+          for (int i = 0; i < k; ++i) put(i, fp8_e4m3_decode(fp8_quantize_act(x[i], inv)));
+          break;
+        }
+        case ActQuant::Int8Static:
+          row_scale = r.static_scale;
+          for (int i = 0; i < k; ++i) put(i, static_cast<float>(int8_quantize_static(x[i], row_scale)));
+          break;
+        case ActQuant::Int8DynToken: {
+          const float amax = row_abs_max(x, k);
+          row_scale = int8_token_scale(amax);
+          const float inv = int8_token_inv_scale(amax);
+          for (int i = 0; i < k; ++i) put(i, static_cast<float>(int8_quantize_token(x[i], inv)));
+          break;
+        }
+        case ActQuant::Mxfp4:
+        case ActQuant::Mxfp6E2M3:
+        case ActQuant::Mxfp6E3M2: {
+          float buf[kMxBlock];
+          for (int b = 0; b < k; b += kMxBlock) {
+            const int len = k - b < kMxBlock ? k - b : kMxBlock;
+            mx_qdq_block(x + b, len, mx_elem_of(r.kind), r.mx_mode, buf);
+            for (int i = 0; i < len; ++i) put(b + i, buf[i]);
+          }
+          break;
+        }
+        case ActQuant::Nvfp4: {
+          float buf[kNvfp4Block];
+          for (int b = 0; b < k; b += kNvfp4Block) {
+            const int len = k - b < kNvfp4Block ? k - b : kNvfp4Block;
+            nvfp4_qdq_block(x + b, len, r.static_scale, buf);
+            for (int i = 0; i < len; ++i) put(b + i, buf[i]);
+          }
+          break;
+        }
+      }
+      break;
+    }
+    case DotKind::I8: {
+      int8_t* v = reinterpret_cast<int8_t*>(dst + l.vals_off);
+      if (r.kind == ActQuant::Int8Static) {
+        row_scale = r.static_scale;
+        for (int i = 0; i < k; ++i) v[i] = int8_quantize_static(x[i], row_scale);
+      } else if (r.kind == ActQuant::Int8DynToken) {
+        const float amax = row_abs_max(x, k);
+        row_scale = int8_token_scale(amax);
+        const float inv = int8_token_inv_scale(amax);
+        for (int i = 0; i < k; ++i) v[i] = int8_quantize_token(x[i], inv);
+      } else {
+        bad_combo(l, r);
+      }
+      for (int i = 0; i < k; ++i) sum += v[i];
+      break;
+    }
+    case DotKind::Fp4Mx: {
+      if (r.kind != ActQuant::Mxfp4) bad_combo(l, r);
+      int8_t* v = reinterpret_cast<int8_t*>(dst + l.vals_off);
+      float* bs = reinterpret_cast<float*>(dst + l.scales_off);
+      uint8_t codes[kMxBlock];
+      for (int b = 0; b < l.nblocks; ++b) {
+        const int shared = mx_quantize_block(x + b * kMxBlock, kMxBlock, MxElem::Fp4E2M1, r.mx_mode, codes);
+        bs[b] = std::ldexp(1.0f, shared);
+        for (int i = 0; i < kMxBlock; ++i)
+          v[act_value_position(l, b * kMxBlock + i)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(codes[i]));
+      }
+      row_scale = 0.25f;
+      break;
+    }
+    case DotKind::Fp4Nv: {
+      if (r.kind != ActQuant::Nvfp4) bad_combo(l, r);
+      int8_t* v = reinterpret_cast<int8_t*>(dst + l.vals_off);
+      float* bs = reinterpret_cast<float*>(dst + l.scales_off);
+      const float gs = r.static_scale;
+      for (int b = 0; b < l.nblocks; ++b) {
+        const float* xb = x + b * kNvfp4Block;
+        // nvfp4_qdq_block, keeping the code and the dequantization factor apart.
+        float amax = 0.0f;
+        for (int i = 0; i < kNvfp4Block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        float s = gs * amax / kFp4Max;
+        s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
+        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
+        const float inv = sb == 0.0f ? 0.0f : gs / sb;
+        bs[b] = sb / gs;
+        for (int i = 0; i < kNvfp4Block; ++i) {
+          float q = xb[i] * inv;
+          q = fminf(fmaxf(q, -kFp4Max), kFp4Max);
+          v[act_value_position(l, b * kNvfp4Block + i)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(fp4_e2m1_encode(q)));
+        }
+      }
+      row_scale = 0.25f;
+      break;
+    }
+  }
+  std::memcpy(dst, &row_scale, 4);
+  std::memcpy(dst + 4, &sum, 4);
+  fill_fp4_corrections(l, dst);
+}
+
+}  // namespace qmoe::cpu

@@ -1,0 +1,53 @@
+#include "cpu/isa.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "qmoe/error.h"
+
+namespace qmoe::cpu {
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::optional<Isa> isa_from_name(std::string_view name) {
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (isa_name(i) == name) return i;
+  return std::nullopt;
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+  }
+  return false;
+}
+
+Isa default_isa() {
+  if (const char* env = std::getenv("QMOE_CPU_ISA"); env != nullptr && *env != '\0') {
+    const auto isa = isa_from_name(env);
+    if (!isa) throw Error(fmt::format("QMOE_CPU_ISA='{}' is not one of scalar, avx2, avx512", env));
+    if (!isa_supported(*isa))
+      throw Error(fmt::format("QMOE_CPU_ISA={} is not supported by this CPU", env));
+    return *isa;
+  }
+  static const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512 : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Scalar;
+  return best;
+}
+
+}  // namespace qmoe::cpu

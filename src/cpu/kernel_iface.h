@@ -1,0 +1,160 @@
+// Internal interface between the optimized expert driver (experts_optimized.cc) and the per-ISA
+// kernels (kernels_scalar.cc, *_avx2.cc, *_avx512.cc). Everything here is plain data + function
+// pointers so that the ISA translation units (compiled with their own -m flags) share no inline
+// code with the baseline ones.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/isa.h"
+#include "cpu/ref/ref_ops.h"
+#include "qmoe/params.h"
+#include "qmoe/schemes.h"
+#include "qmoe/tensor.h"
+
+namespace qmoe::cpu {
+
+// The arithmetic of one GEMM (both GEMMs of a scheme use the same kind).
+enum class DotKind : uint8_t {
+  F32,    // fp32 activation values × weights decoded to fp32 (block scales folded in), fp32 FMA
+  I8,     // int8 codes × int8 weights, exact int32 sums (W8A8 INT8)
+  Fp4Mx,  // 2·e2m1 × 2·e2m1 integer sums per 32-block × 2^sa · 2^sw (MXFP4 W4A4)
+  Fp4Nv,  // 2·e2m1 × 2·e2m1 integer sums per 16-block × deq_a · fp8(s_w)·ws2 (NVFP4 W4A4)
+};
+
+// Layout of one quantized activation row (GEMM input), the same for every ISA:
+//   [0, 64)             header: float row_scale at 0 (multiplies the whole dot product: the
+//                       fp8 / int8 scale, 0.25 for the Fp4 kinds, 1 otherwise); int32 code sum at 4
+//                       (I8: Σ codes, for the unsigned-offset dot product)
+//   [64, 64 + vbytes)   k_pad values: F32 → float; I8 → int8 codes; Fp4 → int8 2·e2m1 values.
+//                       Zero padded from k to k_pad (a multiple of 64).
+//   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale;
+//                       followed by ≥ 16 zero floats (kernels load 16 at a time).
+//   [corr_off, ...)     Fp4 kinds: int32 per 4 stored values, −12 · (their sum): the correction of
+//                       an unsigned-offset dot product Σ (2w + 12)·v (see gemm_avx512.cc).
+//   [bcorr_off, ...)    Fp4 kinds: int32 per block, −12 · (the block's sum of values).
+// Value order: for fp4 weight formats (MXFP4, NVFP4) each 64-element chunk (32-groups g, g+1;
+// 32 packed bytes) is stored as [even elements of g | even of g+1 | odd of g | odd of g+1]
+// (16 each): the order a packed row decodes in — low nibbles of the 32 bytes, then high nibbles.
+// Element e = 64c + 32h + 2m + o sits at 64c + 32o + 16h + m. Every other weight format keeps the
+// natural order.
+struct ActLayout {
+  DotKind kind = DotKind::F32;
+  bool fp4_order = false;  // the 32-group even/odd permutation above
+  int k = 0, k_pad = 0;
+  int elem_bytes = 4;
+  int64_t vals_off = 64;
+  int64_t scales_off = 0;
+  int64_t corr_off = 0;
+  int64_t bcorr_off = 0;
+  int nblocks = 0;  // Fp4 kinds: k / block
+  int block = 0;
+  int64_t stride = 0;  // bytes per row, a multiple of 64
+};
+ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k);
+// Position of logical element i in the stored value order.
+int act_value_position(const ActLayout& l, int i);
+// The dequantized values x[0..k) (exact products as double) of a stored row (tests, debugging).
+void act_row_values(const ActLayout& l, const uint8_t* row, double* out);
+
+// The dot-product kind for a scheme on an ISA.
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa);
+
+// One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
+struct WeightView {
+  WeightFormat fmt = WeightFormat::BF16;
+  DType dtype = DType::F32;       // BF16 format: element storage BF16 / F16 / F32
+  int rows = 0, cols = 0;         // N (outputs), K (reduction)
+  int64_t row_bytes = 0;          // packed bytes per row
+  const uint8_t* data = nullptr;  // row 0 of this expert
+  const uint8_t* scales = nullptr;  // MX: E8M0 [rows, cols/32]; NVFP4: F8_E4M3 [rows, cols/16]
+  const float* channel_scale = nullptr;  // per-channel [rows], or null
+  float tensor_scale = 1.0f;      // per-tensor scale multiplying the dot product (1 when none)
+  float nv_global = 1.0f;         // NVFP4 weight_scale_2 (inside the block factor fp8(s)·ws2)
+  const void* bias = nullptr;     // [rows] in bias_dtype (F32 / BF16 / F16), or null
+  DType bias_dtype = DType::F32;
+};
+
+// One GEMM task: output rows [row0, row1) of one expert for `ntok` gathered input rows.
+//   out[j·ldo + n] = (dot(act row j, weight row n) · row_scale_j · wscale_n + bias_n) · post_mul[j]
+// where act row j lives at act_base + act_index[j]·layout.stride.
+struct GemmArgs {
+  const WeightView* w = nullptr;
+  const ActLayout* layout = nullptr;
+  const uint8_t* act_base = nullptr;
+  const int32_t* act_index = nullptr;  // [ntok]
+  int ntok = 0;
+  int row0 = 0, row1 = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+  const float* post_mul = nullptr;  // [ntok] router weights (GEMM2), or null
+};
+
+// Quantize one fp32 row x[0..k) with `rule` into `dst` (layout `l`). `tensor_scale` is the
+// Fp8DynTensor scale (ignored otherwise).
+struct QuantRowArgs {
+  const ref::ActQuantRule* rule = nullptr;
+  const ActLayout* layout = nullptr;
+  float tensor_scale = 0.0f;
+  const float* x = nullptr;
+  uint8_t* dst = nullptr;
+};
+
+// The gated activation as plain data (ActivationSpec holds a std::optional; the SIMD translation
+// units use no library inline code, see kernels_avx2.cc).
+struct ActParams {
+  Activation kind = Activation::Silu;
+  bool interleaved = false;
+  bool has_limit = false;
+  float limit = 0.0f;
+  float alpha = 1.702f;
+  const ActivationSpec* spec = nullptr;  // the original, for the scalar fallback
+};
+ActParams act_params_of(const ActivationSpec& a);
+
+struct KernelTable {
+  Isa isa = Isa::Scalar;
+  void (*quantize_row)(const QuantRowArgs& a) = nullptr;
+  void (*gemm)(const GemmArgs& a) = nullptr;
+  // z[0..inter) = act(gate, up) from one GEMM1 output row y1[0..2·inter) (ref::apply_activation_row).
+  void (*activation_row)(const ActParams& act, const float* y1, int inter, float* z) = nullptr;
+  float (*abs_max)(const float* x, int64_t n) = nullptr;  // NaN propagates
+};
+
+const KernelTable& kernel_table(Isa isa);
+// Per-ISA entry points (defined in the ISA translation units).
+void gemm_avx512(const GemmArgs& a);
+void quantize_row_avx512(const QuantRowArgs& a);
+void activation_row_avx512(const ActParams& act, const float* y1, int inter, float* z);
+float abs_max_avx512(const float* x, int64_t n);
+void gemm_avx2(const GemmArgs& a);
+void quantize_row_avx2(const QuantRowArgs& a);
+void activation_row_avx2(const ActParams& act, const float* y1, int inter, float* z);
+float abs_max_avx2(const float* x, int64_t n);
+// 64-byte aligned per-thread scratch (slot 0..3), grown as needed, valid until the next call
+// with the same slot on the same thread.
+void* thread_scratch_buffer(int slot, size_t bytes);
+const KernelTable& scalar_kernels();
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+
+// Shared helpers used by every ISA.
+// Fills the Fp4 correction words of a quantized row from its values (no-op for other kinds).
+void fill_fp4_corrections(const ActLayout& l, uint8_t* row);
+// Only the per-block words (bcorr_off), from the per-4 words (corr_off).
+void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row);
+float bias_value(const WeightView& w, int n);
+// Scalar activation (ref::apply_activation_row).
+void activation_row_scalar(const ActParams& act, const float* y1, int inter, float* z);
+// Non-inline wrappers of formats.h for the SIMD translation units (which must not instantiate
+// library inline functions: the linker may keep their copy, compiled for a wider ISA).
+int mx_shared_exponent_of(float amax, int elem /* MxElem */, int mode /* MxScaleMode */);
+float fp8_e4m3_round(float v);  // decode(encode(v))
+float abs_max_scalar(const float* x, int64_t n);
+// Fp8 / int8 / MX / NVFP4 scalar row quantizer (the definition: formats.h, like ref::act_qdq_row).
+void quantize_row_scalar(const QuantRowArgs& a);
+// 256-entry tables built from formats.h: E8M0 byte → 2^(s−127) (255 → NaN); F8_E4M3 code → value.
+const float* e8m0_table();
+const float* fp8_e4m3_table();
+
+}  // namespace qmoe::cpu

@@ -1,0 +1,218 @@
+// Exact fp32 decoding of processed expert weights, and the shape checks that make it safe
+// (spec quark-moe.md §6, §10; layouts documented in include/qmoe/params.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+
+#include "cpu/ref/ref_ops.h"
+#include "qmoe/error.h"
+
+namespace qmoe::ref {
+
+namespace {
+
+struct ProjDims {
+  int64_t rows = 0, cols = 0;
+};
+
+ProjDims dims_of(const ExpertParams& p, Proj which) {
+  return which == Proj::W13 ? ProjDims{2LL * p.inter, p.hidden} : ProjDims{p.hidden, p.inter};
+}
+
+const char* name_of(Proj which) { return which == Proj::W13 ? "w13" : "w2"; }
+
+// Bytes of one packed weight row of `cols` elements.
+int64_t packed_cols(WeightFormat f, int64_t cols) {
+  switch (f) {
+    case WeightFormat::Mxfp4:
+    case WeightFormat::Nvfp4:
+      return cols / 2;
+    case WeightFormat::Mxfp6E2M3:
+    case WeightFormat::Mxfp6E3M2:
+      return cols * 3 / 4;
+    default:
+      return cols;
+  }
+}
+
+bool dtype_in(DType d, std::initializer_list<DType> ok) {
+  for (DType o : ok)
+    if (o == d) return true;
+  return false;
+}
+
+void check_tensor(const Tensor& t, const std::string& field, std::initializer_list<DType> dtypes, int64_t numel,
+                  const std::string& expected_shape, const char* who) {
+  if (!t.defined())
+    throw Error(fmt::format("{}: ExpertParams.{} is missing; expected {} {}", who, field, dtype_name(*dtypes.begin()),
+                            expected_shape));
+  if (!dtype_in(t.dtype(), dtypes))
+    throw Error(fmt::format("{}: ExpertParams.{} has dtype {}; expected {}", who, field, dtype_name(t.dtype()),
+                            dtype_name(*dtypes.begin())));
+  if (t.numel() != numel)
+    throw Error(
+        fmt::format("{}: ExpertParams.{} has shape {}; expected {}", who, field, shape_str(t.shape()), expected_shape));
+}
+
+void validate_proj(const ExpertParams& p, Proj which, const char* who) {
+  const SchemeInfo& s = *p.scheme;
+  const ProjDims d = dims_of(p, which);
+  const int64_t el = p.num_local;
+  const std::string pre = name_of(which);
+  const int bs = weight_block_size(s.weight);
+  if (bs > 0 && d.cols % bs != 0)
+    throw Error(fmt::format("{}: {} input dimension {} is not a multiple of the {} block size {}", who, pre, d.cols,
+                            to_string(s.weight), bs));
+  if ((s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2) && d.cols % 4 != 0)
+    throw Error(fmt::format("{}: {} input dimension {} is not a multiple of 4 (fp6 packing)", who, pre, d.cols));
+  const int64_t pc = packed_cols(s.weight, d.cols);
+  const std::string wshape = shape_str({el, d.rows, pc});
+  const Tensor& w = which == Proj::W13 ? p.w13_weight : p.w2_weight;
+  const Tensor& sc = which == Proj::W13 ? p.w13_weight_scale : p.w2_weight_scale;
+  const std::string wf = pre + "_weight", sf = pre + "_weight_scale";
+  switch (s.weight) {
+    case WeightFormat::BF16:
+      check_tensor(w, wf, {DType::BF16, DType::F16, DType::F32}, el * d.rows * pc, wshape, who);
+      break;
+    case WeightFormat::Fp8E4M3:
+      check_tensor(w, wf, {DType::U8, DType::F8_E4M3}, el * d.rows * pc, wshape, who);
+      break;
+    case WeightFormat::Int8:
+      check_tensor(w, wf, {DType::I8}, el * d.rows * pc, wshape, who);
+      break;
+    default:
+      check_tensor(w, wf, {DType::U8}, el * d.rows * pc, wshape, who);
+      break;
+  }
+  switch (s.weight_scale) {
+    case WeightScale::None:
+      break;
+    case WeightScale::PerTensor:
+      check_tensor(sc, sf, {DType::F32}, el, shape_str({el}), who);
+      break;
+    case WeightScale::PerChannel:
+      check_tensor(sc, sf, {DType::F32}, el * d.rows, shape_str({el, d.rows}), who);
+      break;
+    case WeightScale::MxE8M0:
+      check_tensor(sc, sf, {DType::U8, DType::F8_E8M0}, el * d.rows * (d.cols / kMxBlock),
+                   shape_str({el, d.rows, d.cols / kMxBlock}), who);
+      break;
+    case WeightScale::Nvfp4: {
+      check_tensor(sc, sf, {DType::U8, DType::F8_E4M3}, el * d.rows * (d.cols / kNvfp4Block),
+                   shape_str({el, d.rows, d.cols / kNvfp4Block}), who);
+      const Tensor& s2 = which == Proj::W13 ? p.w13_weight_scale_2 : p.w2_weight_scale_2;
+      check_tensor(s2, pre + "_weight_scale_2", {DType::F32}, el, shape_str({el}), who);
+      break;
+    }
+  }
+  const Tensor& b = which == Proj::W13 ? p.w13_bias : p.w2_bias;
+  if (b.defined())
+    check_tensor(b, pre + "_bias", {DType::F32, DType::BF16, DType::F16}, el * d.rows, shape_str({el, d.rows}), who);
+}
+
+// Element i of a F32 / BF16 / F16 tensor (memcpy: views of a mapped file need not be aligned).
+float plain_value(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::F32) {
+    float v;
+    std::memcpy(&v, t.data() + 4 * i, 4);
+    return v;
+  }
+  uint16_t b;
+  std::memcpy(&b, t.data() + 2 * i, 2);
+  return t.dtype() == DType::BF16 ? bf16_decode(b) : fp16_decode(b);
+}
+
+}  // namespace
+
+void validate_expert_params(const ExpertParams& p, const char* who) {
+  if (p.scheme == nullptr) throw Error(fmt::format("{}: expert parameters have no scheme", who));
+  if (!p.processed)
+    throw Error(fmt::format("{}: expert parameters ({}) are not processed; call process_expert_params first", who,
+                            p.scheme->name));
+  if (p.hidden <= 0 || p.inter <= 0 || p.num_local < 0 || p.num_experts <= 0)
+    throw Error(fmt::format("{}: invalid expert dimensions (hidden {}, inter {}, experts {}, local {})", who, p.hidden,
+                            p.inter, p.num_experts, p.num_local));
+  if (static_cast<int>(p.expert_map.size()) != p.num_experts)
+    throw Error(fmt::format("{}: expert_map has {} entries; expected num_experts = {}", who, p.expert_map.size(),
+                            p.num_experts));
+  for (int g = 0; g < p.num_experts; ++g) {
+    const int l = p.expert_map[static_cast<size_t>(g)];
+    if (l < -1 || l >= p.num_local)
+      throw Error(fmt::format("{}: expert_map[{}] = {} is outside [-1, {})", who, g, l, p.num_local));
+  }
+  validate_proj(p, Proj::W13, who);
+  validate_proj(p, Proj::W2, who);
+}
+
+void decode_weight(const ExpertParams& p, Proj which, int e, std::vector<float>& out) {
+  const SchemeInfo& s = *p.scheme;
+  const ProjDims d = dims_of(p, which);
+  const int64_t pc = packed_cols(s.weight, d.cols);
+  const Tensor& w = which == Proj::W13 ? p.w13_weight : p.w2_weight;
+  const Tensor& sc = which == Proj::W13 ? p.w13_weight_scale : p.w2_weight_scale;
+  out.assign(static_cast<size_t>(d.rows * d.cols), 0.0f);
+  const int64_t wbase = static_cast<int64_t>(e) * d.rows * pc;
+
+  for (int64_t r = 0; r < d.rows; ++r) {
+    float* o = out.data() + r * d.cols;
+    const int64_t row0 = wbase + r * pc;
+    switch (s.weight) {
+      case WeightFormat::BF16:
+        for (int64_t c = 0; c < d.cols; ++c) o[c] = plain_value(w, row0 + c);
+        break;
+      case WeightFormat::Fp8E4M3:
+      case WeightFormat::Int8: {
+        const float scale = plain_value(sc, s.weight_scale == WeightScale::PerTensor ? e : e * d.rows + r);
+        for (int64_t c = 0; c < d.cols; ++c) {
+          const float v = s.weight == WeightFormat::Int8 ? static_cast<float>(w.data_as<int8_t>()[row0 + c])
+                                                         : fp8_e4m3_decode(w.data_as<uint8_t>()[row0 + c]);
+          o[c] = v * scale;
+        }
+        break;
+      }
+      case WeightFormat::Mxfp4:
+      case WeightFormat::Mxfp6E2M3:
+      case WeightFormat::Mxfp6E3M2: {
+        const uint8_t* packed = w.data_as<uint8_t>() + row0;
+        const uint8_t* scales = sc.data_as<uint8_t>() + (static_cast<int64_t>(e) * d.rows + r) * (d.cols / kMxBlock);
+        for (int64_t c = 0; c < d.cols; ++c) {
+          float v;
+          if (s.weight == WeightFormat::Mxfp4)
+            v = fp4_e2m1_decode(fp4_code_at(packed, c));
+          else if (s.weight == WeightFormat::Mxfp6E2M3)
+            v = fp6_e2m3_decode(fp6_code_at(packed, c));
+          else
+            v = fp6_e3m2_decode(fp6_code_at(packed, c));
+          const uint8_t sb = scales[c / kMxBlock];
+          o[c] = sb == 255 ? NAN : std::ldexp(v, static_cast<int>(sb) - 127);
+        }
+        break;
+      }
+      case WeightFormat::Nvfp4: {
+        const uint8_t* packed = w.data_as<uint8_t>() + row0;
+        const uint8_t* scales = sc.data_as<uint8_t>() + (static_cast<int64_t>(e) * d.rows + r) * (d.cols / kNvfp4Block);
+        const Tensor& s2 = which == Proj::W13 ? p.w13_weight_scale_2 : p.w2_weight_scale_2;
+        const float global = plain_value(s2, e);
+        // e2m1 · fp8 is exact in fp32 (≤ 6 significant bits), so × weight_scale_2 rounds once:
+        // the correctly rounded value of the exact product (what a kernel that multiplies the
+        // exact element × block-scale products by the global scale in its epilogue computes).
+        for (int64_t c = 0; c < d.cols; ++c)
+          o[c] = (fp4_e2m1_decode(fp4_code_at(packed, c)) * fp8_e4m3_decode(scales[c / kNvfp4Block])) * global;
+        break;
+      }
+    }
+  }
+}
+
+void decode_bias(const ExpertParams& p, Proj which, int e, std::vector<float>& out) {
+  const ProjDims d = dims_of(p, which);
+  out.assign(static_cast<size_t>(d.rows), 0.0f);
+  const Tensor& b = which == Proj::W13 ? p.w13_bias : p.w2_bias;
+  if (!b.defined()) return;
+  for (int64_t r = 0; r < d.rows; ++r)
+    out[static_cast<size_t>(r)] = plain_value(b, static_cast<int64_t>(e) * d.rows + r);
+}
+
+}  // namespace qmoe::ref

@@ -1,0 +1,154 @@
+// Internal declarations shared by the CUDA backend's host code (.cc) and kernels (.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "qmoe/config.h"
+#include "qmoe/formats.h"
+#include "qmoe/schemes.h"
+
+namespace qmoe::cuda {
+
+// Throws qmoe::Error naming the call, file and line when `e` is not cudaSuccess.
+void check_cuda(cudaError_t e, const char* what, const char* file, int line);
+#define QMOE_CUDA_CHECK(x) ::qmoe::cuda::check_cuda((x), #x, __FILE__, __LINE__)
+
+// Weight element formats as the GEMM kernels see them.
+enum class WFmt : int { BF16, FP8, INT8, MXFP4, MXFP6_E2M3, MXFP6_E3M2, NVFP4 };
+// GEMM activation operand: bf16 values, bf16 hi + lo pair (fp32-accurate), int8 codes.
+enum class AFmt : int { Bf16, Bf16Split, Int8 };
+
+constexpr int kBW = 128;      // weight rows (GEMM output features) per CTA tile
+constexpr int kGemmThreads = 128;
+constexpr int kMaxSplit = 16;
+
+// Stored bytes of one row of K elements (K a multiple of 64 after padding).
+inline int64_t packed_row_bytes(WFmt f, int64_t k) {
+  switch (f) {
+    case WFmt::BF16: return 2 * k;
+    case WFmt::FP8:
+    case WFmt::INT8: return k;
+    case WFmt::MXFP4:
+    case WFmt::NVFP4: return k / 2;
+    default: return 3 * k / 4;  // fp6
+  }
+}
+// K elements per pipeline stage (must match WTraits<>::kBK in gemm.cuh): 64 for bf16, 128 else.
+inline int stage_k(WFmt f) { return f == WFmt::BF16 ? 64 : 128; }
+// Block-scale bytes per row per stage (MX: one E8M0 byte per 32, NVFP4: one FP8 byte per 16).
+inline int scale_bytes_per_stage(WFmt f) {
+  return (f == WFmt::MXFP4 || f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2) ? stage_k(f) / 32
+         : f == WFmt::NVFP4                                                   ? stage_k(f) / 16
+                                                                              : 0;
+}
+
+// FP4 weights (MXFP4, NVFP4) are stored per (128-row, 128-K) stage in MMA-fragment order: 8 KB =
+// [warp 4][q 4][lane 32][j 4] 32-bit words; word (w, q, lane, j) is fragment f = 4q + j
+// (m-fragment f / 8, k16 step f % 8) of lane (g = lane / 4, c = lane % 4) and holds the 8 codes
+// e[r0][2c], e[r0][2c+1], e[r1][2c], e[r1][2c+1], e[r0][2c+8], e[r0][2c+9], e[r1][2c+8], e[r1][2c+9]
+// (nibbles 0..7), r0 = 32w + 16·(f/8) + g, r1 = r0 + 8, k relative to 16·(f % 8).
+inline bool fp4_fragment_layout(WFmt f) { return f == WFmt::MXFP4 || f == WFmt::NVFP4; }
+
+// One grouped GEMM over the routed slots: for every tile (local expert e, rows m0.. of its slot
+// list) and 128 weight rows n0.., out[split][slot][n] = escale[e] · colscale[e][n] · rowscale[arow]
+//   · Σ_{k in split} A[arow][k] · W[e][n][k],   arow = slot / a_row_div.
+struct GemmArgs {
+  const uint8_t* w = nullptr;       // tile-major [E_loc][Npad/128][Kt][128 rows][stage bytes]
+  int64_t w_expert_stride = 0;      // bytes
+  int64_t w_row_bytes = 0;          // packed_row_bytes(Kpad) (informational)
+  const uint8_t* wscale = nullptr;  // [E_loc][Kt][Npad][scale_bytes_per_stage] or null
+  int64_t ws_expert_stride = 0;     // bytes
+  const float* colscale = nullptr;  // [E_loc][Npad] (per-channel) or null
+  const float* escale = nullptr;    // [E_loc] per-expert factor (always set)
+  const void* a_hi = nullptr;       // [rows][Kpad] bf16, or int8 for AFmt::Int8
+  const void* a_lo = nullptr;       // [rows][Kpad] bf16 (AFmt::Bf16Split)
+  int64_t a_row_bytes = 0;          // Kpad · element size
+  const float* a_rowscale = nullptr;  // [rows] or null
+  int a_row_div = 1;                // K for GEMM1 (row = token), 1 for GEMM2 (row = slot)
+  const int32_t* sorted_slots = nullptr;
+  const int32_t* offsets = nullptr;  // [E_loc + 1]
+  const int32_t* counts = nullptr;   // [E_loc]
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_m0 = nullptr;
+  const int32_t* num_tiles = nullptr;
+  float* out = nullptr;             // [ksplit][TK][N]
+  int N = 0, Npad = 0, TK = 0;
+  int Kt = 0, kt_per_split = 0;
+};
+
+void launch_gemm(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_bf16(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_fp8(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_int8(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_mxfp4(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_mxfp6(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_nvfp4(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+
+// Row quantization rule (the activation quantizer of the scheme, spec §9.1, §10).
+struct RowQuant {
+  ActQuant mode = ActQuant::None;
+  MxScaleMode mx_mode = MxScaleMode::Even;
+  bool split = false;                    // None: also write the bf16 low part
+  bool f16 = false;                      // FP8 modes: write fp16 (for FP8-weight GEMMs) instead of bf16
+  float static_scale = 0.0f;             // fp8/int8 static: dequant-direction s; nvfp4: gs
+  const unsigned* tensor_amax = nullptr;  // Fp8DynTensor: float bits of max |v| over the tensor
+};
+// Outputs of a row quantizer: row r at a_hi + r·stride (bf16 or int8 elements), a_lo likewise,
+// rowscale[r] (dynamic modes).
+struct RowOut {
+  void* a_hi = nullptr;
+  void* a_lo = nullptr;
+  float* rowscale = nullptr;
+  int64_t stride = 0;  // elements per row (Kpad)
+};
+
+struct ActParams {
+  Activation kind = Activation::Silu;
+  bool interleaved = false;
+  float alpha = 1.702f;
+  float limit = 0.0f;
+  bool has_limit = false;
+};
+
+// Align: slot lists per local expert and the tile list for token tile `bt`.
+struct AlignArgs {
+  const int32_t* topk_ids = nullptr;   // [TK]
+  const int32_t* expert_map = nullptr; // [E]
+  int TK = 0, E = 0, E_loc = 0, bt = 16;
+  int32_t* slot_local = nullptr;       // [TK] local expert of the slot or −1
+  int32_t* counts = nullptr;           // [E_loc]
+  int32_t* offsets = nullptr;          // [E_loc + 1]
+  int32_t* sorted_slots = nullptr;     // [TK]
+  int32_t* tile_expert = nullptr;      // [max_tiles]
+  int32_t* tile_m0 = nullptr;
+  int32_t* num_tiles = nullptr;        // [1]
+};
+constexpr int kMaxLocalExperts = 4096;
+void launch_align(const AlignArgs& a, cudaStream_t s);
+
+// max |x·w| over [T, H] into *amax_bits (must be zeroed first); w = topk_w[t·K] when on_input.
+void launch_absmax_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+                         unsigned* amax_bits, cudaStream_t s);
+// GEMM1 input: x [T, H] (× topk_w[t·K] when on_input) quantized per token row into `out`.
+void launch_quant_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+                        const RowQuant& q, const RowOut& out, cudaStream_t s);
+// GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
+// With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and
+// launch_quant_rows quantizes afterwards.
+void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
+                const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
+                unsigned* amax_bits, cudaStream_t s);
+void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_local, const RowQuant& q,
+                       const RowOut& out, cudaStream_t s);
+// out[t][h] (+)= Σ_k w[t,k] · (Σ_split y2p[split][t·K+k][h] + b2[e][h]) over local slots.
+void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
+                    const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
+                    cudaStream_t s);
+
+// Random fill for benchmarks (device): bytes in [lo, hi] after masking per format, see random_init.cu.
+enum class RandKind : int { Bytes, Fp8Codes, Bf16Values, E8M0Scales, Fp8Scales, F32Values };
+void launch_random_fill(void* p, int64_t count, RandKind kind, uint64_t seed, float lo, float hi, cudaStream_t s);
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,657 @@
+// CudaExperts: upload / repack of the expert parameters, work buffers, and the per-call launch
+// sequence (align → input quantization → GEMM1 → activation + quantization → GEMM2 → combine).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_common.h"
+#include "qmoe/cuda.h"
+#include "qmoe/error.h"
+
+namespace qmoe::cuda {
+
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  throw Error(std::string("CUDA error '") + cudaGetErrorString(e) + "' (" + cudaGetErrorName(e) + ") in " + what +
+              " at " + file + ":" + std::to_string(line));
+}
+
+namespace {
+
+std::string str(const Shape& s) { return shape_str(s); }
+
+// Owning device allocation.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  ~DevBuf() { reset(); }
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = o.p_; n_ = o.n_;
+      o.p_ = nullptr; o.n_ = 0;
+    }
+    return *this;
+  }
+  void alloc(size_t bytes, bool zero = true) {
+    reset();
+    if (bytes == 0) return;
+    QMOE_CUDA_CHECK(cudaMalloc(&p_, bytes));
+    n_ = bytes;
+    if (zero) QMOE_CUDA_CHECK(cudaMemset(p_, 0, bytes));
+  }
+  void reset() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+WFmt wfmt_of(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::BF16: return WFmt::BF16;
+    case WeightFormat::Fp8E4M3: return WFmt::FP8;
+    case WeightFormat::Int8: return WFmt::INT8;
+    case WeightFormat::Mxfp4: return WFmt::MXFP4;
+    case WeightFormat::Mxfp6E2M3: return WFmt::MXFP6_E2M3;
+    case WeightFormat::Mxfp6E3M2: return WFmt::MXFP6_E3M2;
+    case WeightFormat::Nvfp4: return WFmt::NVFP4;
+  }
+  return WFmt::BF16;
+}
+
+// Stored bytes of a row of k elements in the checkpoint layout.
+int64_t stored_row_bytes(WFmt f, int64_t k) { return packed_row_bytes(f, k); }
+
+bool is_dyn_rowscale(ActQuant a) {
+  return a == ActQuant::Fp8DynToken || a == ActQuant::Fp8DynTensor || a == ActQuant::Int8DynToken;
+}
+
+}  // namespace
+
+// One projection's weights on the device.
+struct DevWeights {
+  DevBuf w, scales, colscale, escale, bias;
+  int N = 0, K = 0, Npad = 0, Kpad = 0, Kt = 0;
+  int64_t row_bytes = 0, expert_stride = 0, sc_expert_stride = 0;
+};
+
+struct CudaExperts::Impl {
+  const SchemeInfo* scheme = nullptr;
+  CudaOptions opt;
+  WFmt wf = WFmt::BF16;
+  AFmt af = AFmt::Bf16;
+  int E = 0, E_loc = 0, H = 0, I = 0;
+  ActParams act;
+  MxScaleMode mx_mode = MxScaleMode::Even;
+  float a13 = 0.0f, a2 = 0.0f;  // static activation scales (dequant direction) or NVFP4 gs
+  DevWeights w13, w2;
+  DevBuf expert_map;
+  int num_sms = 132;
+
+  // Work buffers (reserve).
+  int max_T = 0, max_K = 0, cap_rows = 0;
+  DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
+  DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
+  // Host-call staging.
+  DevBuf h_x, h_ids, h_w, h_out;
+  int h_T = 0, h_K = 0;
+
+  int a_elem_bytes() const { return af == AFmt::Int8 ? 1 : 2; }
+
+  struct Plan {
+    int bt = 16, max_tiles = 0, ks1 = 1, ks2 = 1, kps1 = 0, kps2 = 0;
+  };
+  Plan plan(int T, int K) const;
+  int choose_split(int64_t ctas, int Kt, int TK) const;
+};
+
+namespace {
+
+// FP4 codes of one expert ([N][K/2] packed rows) → MMA-fragment order per (128-row, 128-K) stage
+// (layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes.
+void repack_fp4_fragments(const uint8_t* src, int N, int K, int ntiles, int Kt, uint8_t* dst) {
+  const int64_t src_row = K / 2;
+  auto code = [&](int n, int k) -> uint32_t {
+    return (n < N && k < K) ? fp4_code_at(src + int64_t{n} * src_row, k) : 0u;
+  };
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int nt = 0; nt < ntiles; ++nt)
+    for (int kt = 0; kt < Kt; ++kt)
+      for (int w = 0; w < 4; ++w)
+        for (int q = 0; q < 4; ++q)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int j = 0; j < 4; ++j) {
+              const int f = 4 * q + j, mt = f / 8, kk = f % 8, g = lane / 4, c = lane % 4;
+              const int r0 = nt * 128 + 32 * w + 16 * mt + g, r1 = r0 + 8;
+              const int k0 = kt * 128 + 16 * kk + 2 * c;
+              const uint32_t word = code(r0, k0) | code(r0, k0 + 1) << 4 | code(r1, k0) << 8 | code(r1, k0 + 1) << 12 |
+                                    code(r0, k0 + 8) << 16 | code(r0, k0 + 9) << 20 | code(r1, k0 + 8) << 24 |
+                                    code(r1, k0 + 9) << 28;
+              *out++ = word;
+            }
+}
+
+void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bscale, const Tensor* colscale,
+                       const Tensor* bias, WFmt f, int N, int K, const char* name, DevWeights& d) {
+  const int E_loc = p.num_local;
+  const std::string nm = name;
+  const int64_t src_row = stored_row_bytes(f, K);
+  if (!w.defined()) throw Error("CUDA experts: " + nm + "_weight is missing");
+  if (w.ndim() != 3 || w.dim(0) != E_loc || w.dim(1) != N ||
+      static_cast<int64_t>(w.nbytes()) != int64_t{E_loc} * N * src_row)
+    throw Error("CUDA experts: " + nm + "_weight has shape " + str(w.shape()) + " (" + std::to_string(w.nbytes()) +
+                " bytes), expected [" + std::to_string(E_loc) + ", " + std::to_string(N) + ", ·] holding " +
+                std::to_string(src_row) + " bytes per row (" + std::to_string(K) + " " +
+                std::string(to_string(p.scheme->weight)) + " elements)");
+  d.N = N;
+  d.K = K;
+  d.Npad = static_cast<int>(round_up(N, kBW));
+  d.Kpad = static_cast<int>(round_up(K, stage_k(f)));
+  d.Kt = d.Kpad / stage_k(f);
+  d.row_bytes = packed_row_bytes(f, d.Kpad);
+  d.expert_stride = d.row_bytes * d.Npad;
+  d.w.alloc(static_cast<size_t>(d.expert_stride) * E_loc);
+  // Tile-major repack, zero padded (code 0 = +0 in every format): [Npad/128][Kt][128][stage bytes],
+  // so that each pipeline stage of a CTA reads one contiguous block.
+  const int64_t sb = packed_row_bytes(f, stage_k(f));
+  std::vector<uint8_t> buf(static_cast<size_t>(d.expert_stride));
+  for (int e = 0; e < E_loc; ++e) {
+    std::fill(buf.begin(), buf.end(), uint8_t{0});
+    const uint8_t* src = w.data_as<uint8_t>() + int64_t{e} * N * src_row;
+    if (fp4_fragment_layout(f)) {
+      repack_fp4_fragments(src, N, K, d.Npad / kBW, d.Kt, buf.data());
+      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
+      continue;
+    }
+    for (int n = 0; n < N; ++n) {
+      const int nt = n / kBW, r = n % kBW;
+      for (int kt = 0; kt < d.Kt; ++kt) {
+        const int64_t b0 = kt * sb, len = std::min<int64_t>(sb, src_row - b0);
+        if (len <= 0) break;
+        std::memcpy(buf.data() + ((int64_t{nt} * d.Kt + kt) * kBW + r) * sb, src + int64_t{n} * src_row + b0,
+                    static_cast<size_t>(len));
+      }
+    }
+    QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
+  }
+  const int spb = scale_bytes_per_stage(f);
+  if (spb > 0) {
+    const int blk = f == WFmt::NVFP4 ? kNvfp4Block : kMxBlock;
+    const int nb = K / blk;
+    if (!bscale || !bscale->defined()) throw Error("CUDA experts: " + nm + "_weight_scale is missing");
+    if (bscale->ndim() != 3 || bscale->dim(0) != E_loc || bscale->dim(1) != N || bscale->dim(2) != nb ||
+        bscale->nbytes() != static_cast<size_t>(E_loc) * N * nb)
+      throw Error("CUDA experts: " + nm + "_weight_scale has shape " + str(bscale->shape()) + ", expected [" +
+                  std::to_string(E_loc) + ", " + std::to_string(N) + ", " + std::to_string(nb) + "] of bytes");
+    // Regroup per 64-K stage: [Kt][Npad][spb], so one stage of 128 rows is contiguous.
+    d.sc_expert_stride = int64_t{d.Kt} * d.Npad * spb;
+    d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * E_loc);
+    std::vector<uint8_t> sbuf(static_cast<size_t>(d.sc_expert_stride));
+    const uint8_t* src = bscale->data_as<uint8_t>();
+    for (int e = 0; e < E_loc; ++e) {
+      std::fill(sbuf.begin(), sbuf.end(), uint8_t{0});
+      for (int kt = 0; kt < d.Kt; ++kt)
+        for (int n = 0; n < N; ++n)
+          for (int j = 0; j < spb; ++j) {
+            const int b = kt * spb + j;
+            if (b < nb) sbuf[(static_cast<size_t>(kt) * d.Npad + n) * spb + j] = src[(int64_t{e} * N + n) * nb + b];
+          }
+      QMOE_CUDA_CHECK(cudaMemcpy(d.scales.as<uint8_t>() + e * d.sc_expert_stride, sbuf.data(), sbuf.size(),
+                                 cudaMemcpyHostToDevice));
+    }
+  }
+  if (colscale) {
+    if (!colscale->defined() || colscale->dtype() != DType::F32 || colscale->ndim() != 2 ||
+        colscale->dim(0) != E_loc || colscale->dim(1) != N)
+      throw Error("CUDA experts: per-channel " + nm + "_weight_scale has shape " +
+                  (colscale->defined() ? str(colscale->shape()) : std::string("(missing)")) + ", expected F32 [" +
+                  std::to_string(E_loc) + ", " + std::to_string(N) + "]");
+    d.colscale.alloc(sizeof(float) * E_loc * d.Npad);
+    QMOE_CUDA_CHECK(cudaMemcpy2D(d.colscale.get(), sizeof(float) * d.Npad, colscale->data(), sizeof(float) * N,
+                                 sizeof(float) * N, E_loc, cudaMemcpyHostToDevice));
+  }
+  if (bias && bias->defined()) {
+    if (bias->numel() != int64_t{E_loc} * N)
+      throw Error("CUDA experts: " + nm + "_bias has shape " + str(bias->shape()) + ", expected [" +
+                  std::to_string(E_loc) + ", " + std::to_string(N) + "]");
+    const std::vector<float> b = to_f32(*bias, nm + "_bias");  // F32 / BF16 / F16 → fp32 (exact)
+    d.bias.alloc(sizeof(float) * E_loc * N, false);
+    QMOE_CUDA_CHECK(cudaMemcpy(d.bias.get(), b.data(), sizeof(float) * E_loc * N, cudaMemcpyHostToDevice));
+  }
+}
+
+// Unquantized weights stored as F16 / F32 are rounded to bf16 for the tensor cores (exact only
+// for BF16 checkpoints, which is what Quark leaves excluded layers in).
+Tensor as_bf16(const Tensor& w) {
+  if (!w.defined() || w.dtype() == DType::BF16) return w;
+  const std::vector<float> v = to_f32(w, "unquantized expert weight");
+  Tensor t = Tensor::zeros(DType::BF16, w.shape());
+  uint16_t* d = t.mutable_data_as<uint16_t>();
+  for (size_t i = 0; i < v.size(); ++i) d[i] = bf16_encode(v[i]);
+  return t;
+}
+
+// Per-expert fp32 factor of a projection: weight per-tensor / NVFP4 global scale × static
+// activation scale (or 1/gs for NVFP4 activations).
+std::vector<float> expert_factors(const ExpertParams& p, const Tensor& wscale, const Tensor& wscale2, float a_static,
+                                  const char* name) {
+  const SchemeInfo& s = *p.scheme;
+  std::vector<float> f(static_cast<size_t>(p.num_local), 1.0f);
+  const std::string nm = name;
+  if (s.weight_scale == WeightScale::PerTensor) {
+    if (!wscale.defined() || wscale.dtype() != DType::F32 || wscale.numel() != p.num_local)
+      throw Error("CUDA experts: per-tensor " + nm + "_weight_scale must be F32 [" + std::to_string(p.num_local) +
+                  "] after processing, found " + (wscale.defined() ? str(wscale.shape()) : std::string("(missing)")) +
+                  " (run process_expert_params first)");
+    for (int e = 0; e < p.num_local; ++e) f[e] = wscale.data_as<float>()[e];
+  } else if (s.weight_scale == WeightScale::Nvfp4) {
+    if (!wscale2.defined() || wscale2.dtype() != DType::F32 || wscale2.numel() != p.num_local)
+      throw Error("CUDA experts: " + nm + "_weight_scale_2 must be F32 [" + std::to_string(p.num_local) +
+                  "] after processing, found " + (wscale2.defined() ? str(wscale2.shape()) : std::string("(missing)")));
+    for (int e = 0; e < p.num_local; ++e) f[e] = wscale2.data_as<float>()[e];
+  }
+  switch (s.act) {
+    case ActQuant::Fp8Static:
+    case ActQuant::Int8Static:
+      for (auto& v : f) v *= a_static;
+      break;
+    case ActQuant::Nvfp4:
+      for (auto& v : f) v = v / a_static;  // the operand holds e2m1·s_b; x̂ = that / gs
+      break;
+    default: break;
+  }
+  return f;
+}
+
+}  // namespace
+
+CudaExperts::CudaExperts() : impl_(std::make_unique<Impl>()) {}
+CudaExperts::~CudaExperts() = default;
+CudaExperts::CudaExperts(CudaExperts&&) noexcept = default;
+CudaExperts& CudaExperts::operator=(CudaExperts&&) noexcept = default;
+
+static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
+  QMOE_CUDA_CHECK(cudaSetDevice(opt.device));
+  m.scheme = &s;
+  m.opt = opt;
+  m.wf = wfmt_of(s.weight);
+  const bool int8_w = s.weight == WeightFormat::Int8;
+  const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
+  if (int8_w != int8_a)
+    throw Error("CUDA experts: scheme " + std::string(s.name) + " mixes INT8 and non-INT8 weights/activations");
+  if (s.weight == WeightFormat::Fp8E4M3 && s.act != ActQuant::Fp8Static && s.act != ActQuant::Fp8DynToken &&
+      s.act != ActQuant::Fp8DynTensor)
+    throw Error("CUDA experts: scheme " + std::string(s.name) + ": FP8 weights need FP8 activations");
+  if (s.weight == WeightFormat::Nvfp4 && s.act != ActQuant::Nvfp4)
+    throw Error("CUDA experts: scheme " + std::string(s.name) + ": NVFP4 weights need NVFP4 activations");
+  m.af = int8_w ? AFmt::Int8 : (s.act == ActQuant::None && !opt.bf16_activations) ? AFmt::Bf16Split : AFmt::Bf16;
+  m.act.kind = act.kind;
+  m.act.interleaved = act.interleaved;
+  m.act.alpha = act.alpha;
+  m.act.has_limit = act.limit.has_value();
+  m.act.limit = act.limit.value_or(0.0f);
+  int dev_sms = 0;
+  QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, opt.device));
+  m.num_sms = dev_sms > 0 ? dev_sms : 132;
+  if (opt.token_tile != 0 && opt.token_tile != 16 && opt.token_tile != 64 && opt.token_tile != 128)
+    throw Error("CUDA experts: token_tile must be 0, 16, 64 or 128, got " + std::to_string(opt.token_tile));
+  if (opt.ksplit < 0 || opt.ksplit > kMaxSplit)
+    throw Error("CUDA experts: ksplit must be in [0, " + std::to_string(kMaxSplit) + "], got " + std::to_string(opt.ksplit));
+}
+
+CudaExperts::CudaExperts(const ExpertParams& p, const CudaOptions& opt) : impl_(std::make_unique<Impl>()) {
+  if (!p.scheme) throw Error("CUDA experts: ExpertParams has no scheme");
+  if (!p.processed)
+    throw Error("CUDA experts: ExpertParams of scheme " + std::string(p.scheme->name) +
+                " are not processed (call process_expert_params first)");
+  const SchemeInfo& s = *p.scheme;
+  Impl& m = *impl_;
+  init_common(m, s, p.act, opt);
+  m.E = p.num_experts;
+  m.E_loc = p.num_local;
+  m.H = p.hidden;
+  m.I = p.inter;
+  m.mx_mode = p.act_scale_mode;
+  if (m.E_loc <= 0 || m.E_loc > kMaxLocalExperts || m.E < m.E_loc || m.H <= 0 || m.I <= 0)
+    throw Error("CUDA experts: bad sizes E=" + std::to_string(m.E) + " E_loc=" + std::to_string(m.E_loc) +
+                " H=" + std::to_string(m.H) + " I=" + std::to_string(m.I) + " (E_loc ≤ " +
+                std::to_string(kMaxLocalExperts) + ")");
+  const int blk = weight_block_size(s.weight);
+  if (blk > 0 && (m.H % blk != 0 || m.I % blk != 0))
+    throw Error("CUDA experts: " + std::string(s.name) + " needs H and I multiples of " + std::to_string(blk) +
+                ", got H=" + std::to_string(m.H) + " I=" + std::to_string(m.I));
+  if ((s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2) && (m.H % 4 || m.I % 4))
+    throw Error("CUDA experts: FP6 packing needs H and I multiples of 4");
+  // Expert map (global → local), identity when absent.
+  std::vector<int32_t> map(static_cast<size_t>(m.E));
+  if (p.expert_map.empty()) {
+    if (m.E != m.E_loc) throw Error("CUDA experts: expert_map is empty but E != E_loc");
+    for (int e = 0; e < m.E; ++e) map[e] = e;
+  } else {
+    if (static_cast<int>(p.expert_map.size()) != m.E)
+      throw Error("CUDA experts: expert_map has " + std::to_string(p.expert_map.size()) + " entries, expected E=" +
+                  std::to_string(m.E));
+    for (int e = 0; e < m.E; ++e) {
+      const int v = p.expert_map[e];
+      if (v < -1 || v >= m.E_loc)
+        throw Error("CUDA experts: expert_map[" + std::to_string(e) + "] = " + std::to_string(v) + " is outside [-1, " +
+                    std::to_string(m.E_loc) + ")");
+      map[e] = v;
+    }
+  }
+  m.expert_map.alloc(sizeof(int32_t) * m.E, false);
+  QMOE_CUDA_CHECK(cudaMemcpy(m.expert_map.get(), map.data(), sizeof(int32_t) * m.E, cudaMemcpyHostToDevice));
+
+  const bool per_channel = s.weight_scale == WeightScale::PerChannel;
+  const Tensor w13 = m.wf == WFmt::BF16 ? as_bf16(p.w13_weight) : p.w13_weight;
+  const Tensor w2 = m.wf == WFmt::BF16 ? as_bf16(p.w2_weight) : p.w2_weight;
+  upload_projection(p, w13, &p.w13_weight_scale, per_channel ? &p.w13_weight_scale : nullptr, &p.w13_bias,
+                    m.wf, 2 * m.I, m.H, "w13", m.w13);
+  upload_projection(p, w2, &p.w2_weight_scale, per_channel ? &p.w2_weight_scale : nullptr, &p.w2_bias, m.wf,
+                    m.H, m.I, "w2", m.w2);
+  // Static activation scales (dequant direction; NVFP4: quantization-direction gs).
+  m.a13 = p.a13_scale;
+  m.a2 = p.a2_scale;
+  if (act_is_static(s.act) && !(m.a13 > 0.0f && m.a2 > 0.0f && std::isfinite(m.a13) && std::isfinite(m.a2)))
+    throw Error("CUDA experts: scheme " + std::string(s.name) + " needs positive static activation scales, found a13=" +
+                std::to_string(m.a13) + " a2=" + std::to_string(m.a2));
+  const auto f13 = expert_factors(p, p.w13_weight_scale, p.w13_weight_scale_2, m.a13, "w13");
+  const auto f2 = expert_factors(p, p.w2_weight_scale, p.w2_weight_scale_2, m.a2, "w2");
+  m.w13.escale.alloc(sizeof(float) * m.E_loc, false);
+  m.w2.escale.alloc(sizeof(float) * m.E_loc, false);
+  QMOE_CUDA_CHECK(cudaMemcpy(m.w13.escale.get(), f13.data(), sizeof(float) * m.E_loc, cudaMemcpyHostToDevice));
+  QMOE_CUDA_CHECK(cudaMemcpy(m.w2.escale.get(), f2.data(), sizeof(float) * m.E_loc, cudaMemcpyHostToDevice));
+}
+
+CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden, int inter, const ActivationSpec& act,
+                                uint64_t seed, const CudaOptions& opt) {
+  CudaExperts ce;
+  Impl& m = *ce.impl_;
+  init_common(m, s, act, opt);
+  m.E = m.E_loc = num_experts;
+  m.H = hidden;
+  m.I = inter;
+  if (m.E <= 0 || m.E > kMaxLocalExperts || m.H <= 0 || m.I <= 0 || m.H % 64 || m.I % 64)
+    throw Error("CUDA experts (random): need 0 < E ≤ 4096 and H, I multiples of 64");
+  std::vector<int32_t> map(static_cast<size_t>(m.E));
+  for (int e = 0; e < m.E; ++e) map[e] = e;
+  m.expert_map.alloc(sizeof(int32_t) * m.E, false);
+  QMOE_CUDA_CHECK(cudaMemcpy(m.expert_map.get(), map.data(), sizeof(int32_t) * m.E, cudaMemcpyHostToDevice));
+  uint64_t sd = seed * 1000003ull;
+  auto fill_proj = [&](DevWeights& d, int N, int K) {
+    d.N = N;
+    d.K = K;
+    d.Npad = static_cast<int>(round_up(N, kBW));
+    d.Kpad = static_cast<int>(round_up(K, stage_k(m.wf)));  // the padding holds random values too: harmless,
+    d.Kt = d.Kpad / stage_k(m.wf);                           // the activation operand is zero there
+    d.row_bytes = packed_row_bytes(m.wf, d.Kpad);
+    d.expert_stride = d.row_bytes * d.Npad;
+    d.w.alloc(static_cast<size_t>(d.expert_stride) * m.E, false);
+    const int64_t n = d.expert_stride * m.E;
+    // Element magnitude ~ 1/sqrt(K) so that the intermediate stays O(1).
+    const float amp = 1.0f / std::sqrt(static_cast<float>(K));
+    switch (m.wf) {
+      case WFmt::BF16: launch_random_fill(d.w.get(), n / 2, RandKind::Bf16Values, ++sd, -2 * amp, 2 * amp, nullptr); break;
+      case WFmt::FP8: launch_random_fill(d.w.get(), n, RandKind::Fp8Codes, ++sd, 0, 0, nullptr); break;
+      default: launch_random_fill(d.w.get(), n, RandKind::Bytes, ++sd, 0, 0, nullptr); break;
+    }
+    const int spb = scale_bytes_per_stage(m.wf);
+    if (spb > 0) {
+      d.sc_expert_stride = int64_t{d.Kt} * d.Npad * spb;
+      d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * m.E, false);
+      if (m.wf == WFmt::NVFP4) {
+        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::Fp8Scales, ++sd, 0.5f, 2.0f, nullptr);
+      } else {
+        const float c = 127.0f + std::round(std::log2(amp / 2.5f));
+        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::E8M0Scales, ++sd, c - 1, c + 1, nullptr);
+      }
+    }
+    if (s.weight_scale == WeightScale::PerChannel) {
+      d.colscale.alloc(sizeof(float) * m.E * d.Npad, false);
+      launch_random_fill(d.colscale.get(), int64_t{m.E} * d.Npad, RandKind::F32Values, ++sd, 0.5f * amp / 64,
+                         1.5f * amp / 64, nullptr);
+    }
+    std::vector<float> f(static_cast<size_t>(m.E), 1.0f);
+    if (s.weight_scale == WeightScale::PerTensor) std::fill(f.begin(), f.end(), amp / 64);
+    if (s.weight_scale == WeightScale::Nvfp4) std::fill(f.begin(), f.end(), amp / 2.5f * 672.0f / 4.0f);
+    d.escale.alloc(sizeof(float) * m.E, false);
+    QMOE_CUDA_CHECK(cudaMemcpy(d.escale.get(), f.data(), sizeof(float) * m.E, cudaMemcpyHostToDevice));
+  };
+  fill_proj(m.w13, 2 * m.I, m.H);
+  fill_proj(m.w2, m.H, m.I);
+  m.a13 = m.a2 = s.act == ActQuant::Nvfp4 ? 672.0f : s.act == ActQuant::Int8Static ? 1.0f / 64 : 1.0f / 128;
+  QMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  return ce;
+}
+
+int CudaExperts::Impl::choose_split(int64_t ctas, int Kt, int TK) const {
+  int ks = opt.ksplit;
+  if (ks == 0) {
+    const int64_t want = (2 * static_cast<int64_t>(num_sms) + ctas - 1) / std::max<int64_t>(ctas, 1);
+    ks = static_cast<int>(std::min<int64_t>(want, kMaxSplit));
+    ks = std::min(ks, std::max(1, Kt / 4));
+  }
+  ks = std::max(1, std::min(ks, Kt));
+  ks = std::max(1, std::min(ks, cap_rows / std::max(TK, 1)));
+  const int kps = (Kt + ks - 1) / ks;
+  return (Kt + kps - 1) / kps;  // no empty split
+}
+
+CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
+  Plan pl;
+  const int TK = T * K;
+  const int active = std::max(1, std::min(TK, E_loc));
+  const double avg = static_cast<double>(TK) / active;
+  pl.bt = opt.token_tile ? opt.token_tile : avg <= 16 ? 16 : avg <= 64 ? 64 : 128;
+  pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
+  const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);
+  pl.ks1 = choose_split(est_tiles * (w13.Npad / kBW), w13.Kt, TK);
+  pl.ks2 = choose_split(est_tiles * (w2.Npad / kBW), w2.Kt, TK);
+  pl.kps1 = (w13.Kt + pl.ks1 - 1) / pl.ks1;
+  pl.kps2 = (w2.Kt + pl.ks2 - 1) / pl.ks2;
+  return pl;
+}
+
+void CudaExperts::reserve(int max_tokens, int top_k) {
+  Impl& m = *impl_;
+  if (max_tokens <= 0 || top_k <= 0) throw Error("CUDA experts: reserve needs max_tokens > 0 and top_k > 0");
+  if (max_tokens <= m.max_T && top_k <= m.max_K) return;
+  m.max_T = std::max(max_tokens, m.max_T);
+  m.max_K = std::max(top_k, m.max_K);
+  const int64_t TK = int64_t{m.max_T} * m.max_K;
+  m.cap_rows = static_cast<int>(std::max<int64_t>(TK, std::min<int64_t>(kMaxSplit * TK, 1024)));
+  const int64_t max_tiles = std::min<int64_t>(TK, m.E_loc) + (TK + 15) / 16;
+  m.slot_local.alloc(sizeof(int32_t) * TK);
+  m.sorted_slots.alloc(sizeof(int32_t) * TK);
+  m.counts.alloc(sizeof(int32_t) * m.E_loc);
+  m.offsets.alloc(sizeof(int32_t) * (m.E_loc + 1));
+  m.tile_expert.alloc(sizeof(int32_t) * max_tiles);
+  m.tile_m0.alloc(sizeof(int32_t) * max_tiles);
+  m.num_tiles.alloc(sizeof(int32_t));
+  const int eb = m.a_elem_bytes();
+  const bool split = m.af == AFmt::Bf16Split;
+  m.a1_hi.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad * eb);
+  if (split) m.a1_lo.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad * eb);
+  m.a1_scale.alloc(sizeof(float) * m.max_T);
+  m.a2_hi.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);
+  if (split) m.a2_lo.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);
+  m.a2_scale.alloc(sizeof(float) * TK);
+  m.y1p.alloc(sizeof(float) * m.cap_rows * static_cast<size_t>(2 * m.I), false);
+  m.y2p.alloc(sizeof(float) * m.cap_rows * static_cast<size_t>(m.H), false);
+  if (m.scheme->act == ActQuant::Fp8DynTensor) m.zbuf.alloc(sizeof(float) * TK * static_cast<size_t>(m.I), false);
+  m.amax.alloc(2 * sizeof(unsigned));
+}
+
+void CudaExperts::run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
+                             float* d_out, bool router_weight_on_input, bool accumulate, void* stream) const {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (K <= 0 || T > m.max_T || int64_t{T} * K > int64_t{m.max_T} * m.max_K)
+    throw Error("CUDA experts: run with T=" + std::to_string(T) + " K=" + std::to_string(K) +
+                " exceeds the reserved T=" + std::to_string(m.max_T) + " K=" + std::to_string(m.max_K) +
+                " (call reserve first)");
+  if (router_weight_on_input && K != 1)
+    throw Error("CUDA experts: router_weight_on_input needs top_k == 1, got " + std::to_string(K));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const SchemeInfo& sc = *m.scheme;
+  const int TK = T * K;
+  const Impl::Plan pl = m.plan(T, K);
+
+  AlignArgs al;
+  al.topk_ids = d_topk_ids;
+  al.expert_map = m.expert_map.as<int32_t>();
+  al.TK = TK;
+  al.E = m.E;
+  al.E_loc = m.E_loc;
+  al.bt = pl.bt;
+  al.slot_local = m.slot_local.as<int32_t>();
+  al.counts = m.counts.as<int32_t>();
+  al.offsets = m.offsets.as<int32_t>();
+  al.sorted_slots = m.sorted_slots.as<int32_t>();
+  al.tile_expert = m.tile_expert.as<int32_t>();
+  al.tile_m0 = m.tile_m0.as<int32_t>();
+  al.num_tiles = m.num_tiles.as<int32_t>();
+  launch_align(al, s);
+
+  unsigned* amax = m.amax.as<unsigned>();
+  const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
+  const bool rowscale = is_dyn_rowscale(sc.act);
+  RowQuant q1;
+  q1.mode = sc.act;
+  q1.mx_mode = m.mx_mode;
+  q1.split = m.af == AFmt::Bf16Split;
+  q1.f16 = m.wf == WFmt::FP8;
+  q1.static_scale = m.a13;
+  q1.tensor_amax = amax;
+  RowQuant q2 = q1;
+  q2.static_scale = m.a2;
+  q2.tensor_amax = amax + 1;
+  if (dyn_tensor) {
+    QMOE_CUDA_CHECK(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), s));
+    launch_absmax_input(d_x, T, m.H, d_topk_weights, K, router_weight_on_input, amax, s);
+  }
+  const int eb = m.a_elem_bytes();
+  RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
+  launch_quant_input(d_x, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, s);
+
+  auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
+                       float* out, int kps) {
+    GemmArgs g;
+    g.w = d.w.as<uint8_t>();
+    g.w_expert_stride = d.expert_stride;
+    g.w_row_bytes = d.row_bytes;
+    g.wscale = d.scales.as<uint8_t>();
+    g.ws_expert_stride = d.sc_expert_stride;
+    g.colscale = d.colscale.as<float>();
+    g.escale = d.escale.as<float>();
+    g.a_hi = ahi.get();
+    g.a_lo = alo.get();
+    g.a_row_bytes = int64_t{d.Kpad} * eb;
+    g.a_rowscale = rowscale ? ascale.as<float>() : nullptr;
+    g.a_row_div = row_div;
+    g.sorted_slots = m.sorted_slots.as<int32_t>();
+    g.offsets = m.offsets.as<int32_t>();
+    g.counts = m.counts.as<int32_t>();
+    g.tile_expert = m.tile_expert.as<int32_t>();
+    g.tile_m0 = m.tile_m0.as<int32_t>();
+    g.num_tiles = m.num_tiles.as<int32_t>();
+    g.out = out;
+    g.N = d.N;
+    g.Npad = d.Npad;
+    g.TK = TK;
+    g.Kt = d.Kt;
+    g.kt_per_split = kps;
+    return g;
+  };
+  const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  launch_gemm(m.wf, m.af, pl.bt, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
+
+  RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
+  launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
+             dyn_tensor, m.zbuf.as<float>(), amax + 1, s);
+  if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
+
+  const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  launch_gemm(m.wf, m.af, pl.bt, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
+
+  launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
+                 router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, s);
+}
+
+void CudaExperts::run_host(const ExpertsArgs& a) const {
+  Impl& m = *impl_;
+  if (a.T < 0 || a.K <= 0) throw Error("CUDA experts: bad T=" + std::to_string(a.T) + " K=" + std::to_string(a.K));
+  if (a.T == 0) return;
+  if (!a.x || !a.topk_ids || !a.topk_weights || !a.out) throw Error("CUDA experts: ExpertsArgs has a null pointer");
+  for (int64_t i = 0; i < int64_t{a.T} * a.K; ++i)
+    if (a.topk_ids[i] < 0 || a.topk_ids[i] >= m.E)
+      throw Error("CUDA experts: topk_ids[" + std::to_string(i / a.K) + ", " + std::to_string(i % a.K) + "] = " +
+                  std::to_string(a.topk_ids[i]) + " is outside [0, " + std::to_string(m.E) + ")");
+  const_cast<CudaExperts*>(this)->reserve(a.T, a.K);
+  const size_t xb = sizeof(float) * a.T * static_cast<size_t>(m.H);
+  const size_t kb = static_cast<size_t>(a.T) * a.K;
+  if (a.T > m.h_T || a.K > m.h_K) {
+    m.h_T = std::max(a.T, m.h_T);
+    m.h_K = std::max(a.K, m.h_K);
+    m.h_x.alloc(sizeof(float) * m.h_T * static_cast<size_t>(m.H), false);
+    m.h_out.alloc(sizeof(float) * m.h_T * static_cast<size_t>(m.H), false);
+    m.h_ids.alloc(sizeof(int32_t) * m.h_T * static_cast<size_t>(m.h_K), false);
+    m.h_w.alloc(sizeof(float) * m.h_T * static_cast<size_t>(m.h_K), false);
+  }
+  QMOE_CUDA_CHECK(cudaMemcpy(m.h_x.get(), a.x, xb, cudaMemcpyHostToDevice));
+  QMOE_CUDA_CHECK(cudaMemcpy(m.h_out.get(), a.out, xb, cudaMemcpyHostToDevice));
+  QMOE_CUDA_CHECK(cudaMemcpy(m.h_ids.get(), a.topk_ids, sizeof(int32_t) * kb, cudaMemcpyHostToDevice));
+  QMOE_CUDA_CHECK(cudaMemcpy(m.h_w.get(), a.topk_weights, sizeof(float) * kb, cudaMemcpyHostToDevice));
+  run_device(m.h_x.as<float>(), a.T, a.K, m.h_ids.as<int32_t>(), m.h_w.as<float>(), m.h_out.as<float>(),
+             a.router_weight_on_input, true, nullptr);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+  QMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  QMOE_CUDA_CHECK(cudaMemcpy(a.out, m.h_out.get(), xb, cudaMemcpyDeviceToHost));
+}
+
+int CudaExperts::hidden() const { return impl_->H; }
+int CudaExperts::inter() const { return impl_->I; }
+int CudaExperts::num_experts() const { return impl_->E; }
+int CudaExperts::num_local() const { return impl_->E_loc; }
+const SchemeInfo& CudaExperts::scheme() const { return *impl_->scheme; }
+double CudaExperts::expert_bytes() const {
+  const Impl& m = *impl_;
+  double b = 3.0 * m.H * m.I * m.scheme->bits_per_weight / 8.0;
+  if (m.scheme->weight_scale == WeightScale::PerChannel) b += (2.0 * m.I + m.H) * 4.0;
+  return b;
+}
+
+void launch_gemm(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  switch (wf) {
+    case WFmt::BF16: launch_gemm_bf16(af, bt, a, grid, s); break;
+    case WFmt::FP8: launch_gemm_fp8(af, bt, a, grid, s); break;
+    case WFmt::INT8: launch_gemm_int8(af, bt, a, grid, s); break;
+    case WFmt::MXFP4: launch_gemm_mxfp4(af, bt, a, grid, s); break;
+    case WFmt::MXFP6_E2M3:
+    case WFmt::MXFP6_E3M2: launch_gemm_mxfp6(wf, af, bt, a, grid, s); break;
+    case WFmt::NVFP4: launch_gemm_nvfp4(af, bt, a, grid, s); break;
+  }
+}
+
+void experts_cuda(const ExpertsArgs& a, const CudaOptions& opt) {
+  if (!a.params) throw Error("experts_cuda: ExpertsArgs.params is null");
+  CudaExperts ce(*a.params, opt);
+  ce.run_host(a);
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,424 @@
+// The grouped expert GEMM (GEMM1 and GEMM2 alike), mma.sync on sm_80+ / sm_90.
+//
+// Roles are swapped as in Marlin / triton_kernels: the weight rows are the MMA's M side (16-row
+// fragments, 128 rows per CTA, 32 per warp) and the routed tokens the N side (8-token fragments,
+// BT tokens per CTA), so a decode step with a few tokens per expert wastes little of the MMA.
+//
+// Per stage (64 K for bf16, 128 K otherwise) a CTA copies (cp.async, 16-byte, STAGES deep) the
+// weight tile (tile-major in global memory: one contiguous block), its block scales and the BT
+// activation rows. Then, by format:
+//  * BF16, INT8: ldmatrix straight from the staged tile;
+//  * FP8, MXFP6: each warp decodes its own 32 rows to a 16-bit tile in shared memory (decode.cuh,
+//    block scale folded in, exact; FP8 → fp16 by cvt.rn.f16x2.e4m3x2), then ldmatrix;
+//  * MXFP4, NVFP4: the codes are stored in MMA-fragment order and decoded straight into the A
+//    fragments in registers (byte-permute LUT + bf16x2 multiply by the block scale, exact).
+// The 4 warps run mma.m16n8k16 bf16 / f16 (fp32 accumulate) or, for INT8, mma.m16n8k32 s8 (exact
+// int32 accumulate). Bf16Split feeds the activation as hi + lo (2 MMAs).
+// The epilogue multiplies by the per-expert, per-channel and per-row scales in fp32 and writes the
+// K-split partial for each (slot, weight row); consumers sum the partials in split order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/cuda_common.h"
+#include "cuda/decode.cuh"
+
+namespace qmoe::cuda {
+
+// ---- PTX wrappers --------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16-bit float MMA: fp16 for FP8 weights (e4m3 → f16 by hardware, activations fp8 codes as f16),
+// bf16 for everything else.
+template <bool kF16>
+__device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kF16) mma_f16(c, a, b0, b1);
+  else mma_bf16(c, a, b0, b1);
+}
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- per-format tile geometry ----------------------------------------------------------------
+template <WFmt WF>
+struct WTraits;
+// kBK: K elements per stage; kRaw: bytes per row per stage; kStride: its shared-memory row stride
+// (padded: conflict-free ldmatrix / 16-byte decode reads); kScale: block-scale bytes per row per
+// stage; kDecode: decoded to a 16-bit tile first.
+// kRegDecode (FP4): the stage is stored in MMA-fragment order (see fp4_fragment_word below) and
+// decoded straight into the A fragments in registers, with no 16-bit tile in shared memory.
+template <> struct WTraits<WFmt::BF16> { static constexpr int kBK = 64, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
+template <> struct WTraits<WFmt::INT8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
+template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = true, kRegDecode = false; };
+template <> struct WTraits<WFmt::MXFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 4; static constexpr bool kDecode = false, kRegDecode = true; };
+template <> struct WTraits<WFmt::MXFP6_E2M3> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
+template <> struct WTraits<WFmt::MXFP6_E3M2> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
+template <> struct WTraits<WFmt::NVFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 8; static constexpr bool kDecode = false, kRegDecode = true; };
+
+template <WFmt WF, int BT, bool SPLIT>
+struct GemmCfg {
+  using WT = WTraits<WF>;
+  static constexpr bool kInt8 = WF == WFmt::INT8;
+  static constexpr int kBK = WT::kBK;
+  static constexpr int kARaw = kInt8 ? kBK : 2 * kBK;  // global bytes per activation row per stage
+  static constexpr int kAStride = kARaw + 16;          // smem bytes per activation row
+  static constexpr int kANum = SPLIT ? 2 : 1;
+  static constexpr int kWStage = kBW * WT::kStride;
+  static constexpr int kSStage = kBW * WT::kScale;
+  static constexpr int kAStage = BT * kAStride * kANum;
+  static constexpr int kStageBytes = kWStage + kSStage + kAStage;
+  static constexpr int kDecStride = 2 * kBK + 16;      // decoded 16-bit tile row stride
+  static constexpr int kDecBytes = WT::kDecode ? kBW * kDecStride : 0;
+  // Register-decode stages are small: spend less shared memory so that 3–4 CTAs share an SM.
+  static constexpr int kBudget = WT::kRegDecode ? 64 * 1024 : 110 * 1024;
+  static constexpr int kStagesFit = (kBudget - kDecBytes) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > 8 ? 8 : kStagesFit);
+  static constexpr int kSmem = kStages * kStageBytes + kDecBytes;
+  static_assert(BT % 16 == 0, "token tile must be a multiple of 16");
+  static_assert(kWStage % 16 == 0 && kSStage % 16 == 0 && kAStage % 16 == 0, "16-byte aligned stages");
+};
+
+// Decode the stage's raw weight tile into dec ([128][kBK] 16-bit, row stride kDecStride). Thread t
+// decodes row t (all kBK/32 units of it): warp w produces exactly the 32 rows its MMAs read, so
+// only a warp barrier separates decode and ldmatrix.
+template <WFmt WF, int kDecStride>
+__device__ __forceinline__ void decode_stage(const uint8_t* raw, const uint8_t* sc, uint8_t* dec) {
+  using WT = WTraits<WF>;
+  const int r = threadIdx.x;
+  const uint8_t* rr = raw + r * WT::kStride;
+  const uint8_t* sr = sc + r * WT::kScale;
+#pragma unroll
+  for (int h = 0; h < WT::kBK / 32; ++h) {
+    uint32_t out[16];
+    if constexpr (WF == WFmt::MXFP4 || WF == WFmt::NVFP4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(rr + h * 16);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float m0, m1;
+      if constexpr (WF == WFmt::MXFP4) {
+        m0 = m1 = e8m0_to_f32(sr[h]);
+      } else {
+        m0 = fp8_e4m3_to_f32(sr[2 * h]);
+        m1 = fp8_e4m3_to_f32(sr[2 * h + 1]);
+      }
+      decode_fp4_x32(w, m0, m1, out);
+    } else if constexpr (WF == WFmt::MXFP6_E2M3 || WF == WFmt::MXFP6_E3M2) {
+      const uint2* p = reinterpret_cast<const uint2*>(rr + h * 24);
+      const uint2 a = p[0], b = p[1], c = p[2];
+      const uint32_t w[6] = {a.x, a.y, b.x, b.y, c.x, c.y};
+      decode_fp6_x32<WF == WFmt::MXFP6_E3M2>(w, e8m0_to_f32(sr[h]), out);
+    } else if constexpr (WF == WFmt::FP8) {
+      const uint4* p = reinterpret_cast<const uint4*>(rr + h * 32);
+      const uint4 a = p[0], b = p[1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      decode_fp8_x32(w, out);
+    }
+    uint4* d = reinterpret_cast<uint4*>(dec + r * kDecStride + h * 64);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) d[q] = make_uint4(out[4 * q], out[4 * q + 1], out[4 * q + 2], out[4 * q + 3]);
+  }
+}
+
+template <WFmt WF, int BT, bool SPLIT>
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
+  using C = GemmCfg<WF, BT, SPLIT>;
+  using WT = typename C::WT;
+  constexpr int NT = BT / 8;  // 8-token MMA fragments
+  constexpr bool kF16 = WF == WFmt::FP8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_arow[BT];
+  __shared__ int s_slot[BT];
+
+  const int tile = blockIdx.x;
+  if (tile >= *a.num_tiles) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int e = a.tile_expert[tile], m0 = a.tile_m0[tile];
+  const int cnt = min(BT, a.counts[e] - m0);
+  const int base = a.offsets[e] + m0;
+  for (int i = tid; i < BT; i += kGemmThreads) {
+    const int slot = i < cnt ? a.sorted_slots[base + i] : -1;
+    s_slot[i] = slot;
+    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
+  }
+  const int n0 = blockIdx.y * kBW;
+  const int split = blockIdx.z;
+  const int kt0 = split * a.kt_per_split;
+  const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
+  const int nk = kt1 - kt0;
+  // Tile-major weights: the 128 rows × 64 K of one stage are one contiguous block.
+  const uint8_t* wbase = a.w + e * a.w_expert_stride + static_cast<int64_t>(blockIdx.y) * a.Kt * (kBW * WT::kRaw);
+  const uint8_t* sbase = nullptr;
+  if constexpr (WT::kScale > 0) sbase = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(n0) * WT::kScale;
+  const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
+  const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
+  __syncthreads();
+
+  auto load_stage = [&](int buf, int kt) {
+    uint8_t* st = smem + buf * C::kStageBytes;
+    constexpr int kWChunksRow = WT::kRaw / 16;
+#pragma unroll
+    for (int c = tid; c < kBW * kWChunksRow; c += kGemmThreads) {
+      const int r = c / kWChunksRow, q = c % kWChunksRow;
+      cp_async16(st + r * WT::kStride + q * 16, wbase + static_cast<int64_t>(kt) * (kBW * WT::kRaw) + c * 16);
+    }
+    if constexpr (WT::kScale > 0) {
+      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
+      for (int c = tid; c < C::kSStage / 16; c += kGemmThreads) cp_async16(st + C::kWStage + c * 16, src + c * 16);
+    }
+    constexpr int kAChunksRow = C::kARaw / 16;
+    uint8_t* adst = st + C::kWStage + C::kSStage;
+    for (int c = tid; c < BT * kAChunksRow; c += kGemmThreads) {
+      const int r = c / kAChunksRow, q = c % kAChunksRow;
+      const int arow = s_arow[r];
+      const int64_t off = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + static_cast<int64_t>(kt) * C::kARaw + q * 16;
+      cp_async16_zfill(adst + r * C::kAStride + q * 16, abase_hi + off, arow >= 0);
+      if constexpr (SPLIT)
+        cp_async16_zfill(adst + BT * C::kAStride + r * C::kAStride + q * 16, abase_lo + off, arow >= 0);
+    }
+  };
+
+  // Accumulators: [m-fragment][token fragment][4].
+  using Acc = typename std::conditional<C::kInt8, int, float>::type;
+  Acc acc[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nk) load_stage(s, kt0 + s);
+    cp_async_commit();
+  }
+  uint8_t* dec = smem + C::kStages * C::kStageBytes;
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    {
+      const int nx = it + C::kStages - 1;
+      if (nx < nk) load_stage(nx % C::kStages, kt0 + nx);
+      cp_async_commit();
+    }
+    const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
+    const uint8_t* at = st + C::kWStage + C::kSStage;
+    const uint8_t* wt;
+    int wstride;
+    if constexpr (WT::kDecode) {
+      decode_stage<WF, C::kDecStride>(st, st + C::kWStage, dec);
+      __syncwarp();
+      wt = dec;
+      wstride = C::kDecStride;
+    } else {
+      wt = st;
+      wstride = WT::kStride;
+    }
+    const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
+    const int brow_l = (lane & 7) + (lane >> 4) * 8;        // ldmatrix row of the token fragment
+    if constexpr (WT::kRegDecode) {
+      (void)wt;
+      (void)wstride;
+      (void)arow_l;
+      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps), 4 × 16 B per lane.
+      uint32_t wv[16];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = *reinterpret_cast<const uint4*>(st + warp * 2048 + (q * 32 + lane) * 16);
+        wv[4 * q] = v.x;
+        wv[4 * q + 1] = v.y;
+        wv[4 * q + 2] = v.z;
+        wv[4 * q + 3] = v.w;
+      }
+      // Block scales of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8).
+      const uint8_t* sc = st + C::kWStage;
+      constexpr int kSW = WT::kScale / 4;  // scale words per row
+      uint32_t sw[2][2][kSW];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int i = 0; i < kSW; ++i)
+            sw[mt][hh][i] = reinterpret_cast<const uint32_t*>(sc + (warp * 32 + mt * 16 + (lane >> 2) + hh * 8) * WT::kScale)[i];
+#pragma unroll
+      for (int kk = 0; kk < C::kBK / 16; ++kk) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          __nv_bfloat162 m[2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int blk = WF == WFmt::MXFP4 ? kk / 2 : kk;  // 32- / 16-element scale block
+            const uint32_t b = (sw[mt][hh][blk / 4] >> (8 * (blk % 4))) & 0xFFu;
+            m[hh] = WF == WFmt::MXFP4 ? e8m0_to_bf16x2(b) : __float2bfloat162_rn(fp8_e4m3_to_f32(b));
+          }
+          const uint32_t word = wv[mt * 8 + kk];
+          uint32_t a0, a1, a2, a3;
+          e2m1x4_to_bf16x4(word, a0, a1);
+          e2m1x4_to_bf16x4(word >> 16, a2, a3);
+          af[mt][0] = bf16x2_mul(a0, m[0]);
+          af[mt][1] = bf16x2_mul(a1, m[1]);
+          af[mt][2] = bf16x2_mul(a2, m[0]);
+          af[mt][3] = bf16x2_mul(a3, m[1]);
+        }
+#pragma unroll
+        for (int np = 0; np < BT / 16; ++np) {
+          uint32_t bf[4];
+          const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
+          ldsm_x4(bf, bp);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_bf16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_bf16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+          if constexpr (SPLIT) {
+            uint32_t bl[4];
+            ldsm_x4(bl, bp + BT * C::kAStride);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma_bf16(acc[mt][2 * np], af[mt], bl[0], bl[1]);
+              mma_bf16(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
+            }
+          }
+        }
+      }
+    } else if constexpr (C::kInt8) {
+#pragma unroll
+      for (int kk = 0; kk < C::kBK / 32; ++kk) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + kk * 32 + (lane >> 4) * 16);
+#pragma unroll
+        for (int np = 0; np < BT / 16; ++np) {
+          uint32_t bf[4];
+          ldsm_x4(bf, at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_s8(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_s8(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < C::kBK / 16; ++kk) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + (kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < BT / 16; ++np) {
+          uint32_t bf[4];
+          const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
+          ldsm_x4(bf, bp);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16<kF16>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+          if constexpr (SPLIT) {
+            uint32_t bl[4];
+            ldsm_x4(bl, bp + BT * C::kAStride);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma_16<kF16>(acc[mt][2 * np], af[mt], bl[0], bl[1]);
+              mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
+            }
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: scales in fp32, one partial per (split, slot, row).
+  const float es = a.escale[e];
+  const float* cs = a.colscale ? a.colscale + static_cast<int64_t>(e) * a.Npad : nullptr;
+  float* out = a.out + static_cast<int64_t>(split) * a.TK * a.N;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + warp * 32 + mt * 16 + (lane >> 2) + h * 8;
+      if (n >= a.N) continue;
+      const float f = cs ? es * cs[n] : es;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int j = nt * 8 + (lane & 3) * 2 + q;
+          if (j >= cnt) continue;
+          float v = static_cast<float>(acc[mt][nt][h * 2 + q]) * f;
+          if (a.a_rowscale) v *= a.a_rowscale[s_arow[j]];
+          out[static_cast<int64_t>(s_slot[j]) * a.N + n] = v;
+        }
+      }
+    }
+  }
+}
+
+template <WFmt WF, int BT, bool SPLIT>
+void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  using C = GemmCfg<WF, BT, SPLIT>;
+  static const bool configured = [] {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    return true;
+  }();
+  (void)configured;
+  gemm_kernel<WF, BT, SPLIT><<<grid, kGemmThreads, C::kSmem, s>>>(a);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// Dispatch on the token tile.
+template <WFmt WF, bool SPLIT>
+void launch_gemm_bt(int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  switch (bt) {
+    case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
+    case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
+    default: launch_gemm_t<WF, 128, SPLIT>(a, grid, s); break;
+  }
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,10 @@
+// GEMM instantiations: INT8 W8A8 (int8 mma, exact int32 accumulation).
+#include "cuda/gemm.cuh"
+
+namespace qmoe::cuda {
+
+void launch_gemm_int8(AFmt, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  launch_gemm_bt<WFmt::INT8, false>(bt, a, grid, s);
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,11 @@
+// GEMM instantiations: NVFP4 weights (E2M1 + FP8 E4M3 per 16; the fp32 global scales are applied
+// per expert after the GEMM).
+#include "cuda/gemm.cuh"
+
+namespace qmoe::cuda {
+
+void launch_gemm_nvfp4(AFmt, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  launch_gemm_bt<WFmt::NVFP4, false>(bt, a, grid, s);
+}
+
+}  // namespace qmoe::cuda

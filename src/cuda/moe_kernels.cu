@@ -1,0 +1,296 @@
+// The small kernels around the GEMMs: align (slot lists + tiles), activation quantization of the
+// layer input, activation + intermediate quantization, combine, and the random fill used by the
+// benchmarks.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <atomic>
+
+#include "cuda/cuda_common.h"
+#include "cuda/row_quant.cuh"
+
+namespace qmoe::cuda {
+
+// ---- align ---------------------------------------------------------------------------------
+constexpr int kAlignThreads = 1024;
+constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
+
+__global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) {
+  __shared__ int s_cnt[kMaxLocalExperts + 1];  // counts, then tile offsets
+  __shared__ int s_pos[kMaxLocalExperts];
+  int* s_toff = s_cnt;
+  using Scan = cub::BlockScan<int, kAlignThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int tid = threadIdx.x;
+  for (int e = tid; e < a.E_loc; e += kAlignThreads) s_cnt[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < a.TK; i += kAlignThreads) {
+    const int id = a.topk_ids[i];
+    const int le = (id >= 0 && id < a.E) ? a.expert_map[id] : -1;
+    a.slot_local[i] = le;
+    if (le >= 0) atomicAdd(&s_cnt[le], 1);
+  }
+  __syncthreads();
+  int c[kAlignItems], t[kAlignItems], off[kAlignItems], toff[kAlignItems];
+#pragma unroll
+  for (int j = 0; j < kAlignItems; ++j) {
+    const int e = tid * kAlignItems + j;
+    c[j] = e < a.E_loc ? s_cnt[e] : 0;
+    t[j] = (c[j] + a.bt - 1) / a.bt;
+  }
+  int total_slots = 0, total_tiles = 0;
+  __syncthreads();  // every count is in registers before s_cnt becomes s_toff
+  Scan(tmp).ExclusiveSum(c, off, total_slots);
+  __syncthreads();
+  Scan(tmp).ExclusiveSum(t, toff, total_tiles);
+#pragma unroll
+  for (int j = 0; j < kAlignItems; ++j) {
+    const int e = tid * kAlignItems + j;
+    if (e < a.E_loc) {
+      a.counts[e] = c[j];
+      a.offsets[e] = off[j];
+      s_pos[e] = off[j];
+      s_toff[e] = toff[j];
+    }
+  }
+  if (tid == 0) {
+    a.offsets[a.E_loc] = total_slots;
+    *a.num_tiles = total_tiles;
+    s_toff[a.E_loc] = total_tiles;
+  }
+  __syncthreads();
+  // Tiles: tile ti belongs to the expert e with toff[e] ≤ ti < toff[e+1] (binary search).
+  for (int ti = tid; ti < total_tiles; ti += kAlignThreads) {
+    int lo = 0, hi = a.E_loc;  // invariant: s_toff[lo] ≤ ti < s_toff[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (s_toff[mid] <= ti) lo = mid; else hi = mid;
+    }
+    a.tile_expert[ti] = lo;
+    a.tile_m0[ti] = (ti - s_toff[lo]) * a.bt;
+  }
+  for (int i = tid; i < a.TK; i += kAlignThreads) {
+    const int le = a.slot_local[i];  // written by this thread above
+    if (le >= 0) a.sorted_slots[atomicAdd(&s_pos[le], 1)] = i;
+  }
+}
+
+void launch_align(const AlignArgs& a, cudaStream_t s) {
+  align_kernel<<<1, kAlignThreads, 0, s>>>(a);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- input quantization ----------------------------------------------------------------------
+__global__ void absmax_kernel(const float* x, int T, int H, const float* w, int K, bool on_input, unsigned* amax) {
+  float m = 0.0f;
+  const int64_t n = static_cast<int64_t>(T) * H;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = x[i];
+    if (on_input) v *= w[(i / H) * K];
+    m = fmaxf(m, fabsf(v));
+  }
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+void launch_absmax_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+                         unsigned* amax_bits, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(T) * H;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
+  absmax_kernel<<<blocks, 256, 0, s>>>(x, T, H, topk_w, K, on_input, amax_bits);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+__global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const float* x, int H, const float* w, int K,
+                                                                  bool on_input, const RowQuant q, const RowOut o) {
+  extern __shared__ float sv[];
+  __shared__ float red[32];
+  const int t = blockIdx.x;
+  const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    const float v = x[static_cast<int64_t>(t) * H + h];
+    sv[h] = on_input ? v * f : v;
+  }
+  __syncthreads();
+  quantize_row(sv, H, q, o, t, red);
+}
+
+// Raise a kernel's dynamic shared-memory limit only when needed and only once per size, so
+// that launches inside a CUDA-graph capture make no attribute calls after the warm-up.
+static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configured) {
+  if (bytes <= 48 * 1024 || bytes <= configured.load()) return;
+  QMOE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  configured = bytes;
+}
+
+void launch_quant_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+                        const RowQuant& q, const RowOut& out, cudaStream_t s) {
+  const size_t smem = static_cast<size_t>(H) * sizeof(float);
+  static std::atomic<size_t> cfg{0};
+  set_smem(reinterpret_cast<const void*>(quant_input_kernel), smem, cfg);
+  quant_input_kernel<<<T, kRowThreads, smem, s>>>(x, H, topk_w, K, on_input, q, out);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- activation ------------------------------------------------------------------------------
+__device__ __forceinline__ float act_fn(const ActParams& p, float g, float u) {
+  switch (p.kind) {
+    case Activation::Silu:
+      if (p.has_limit) {
+        g = fminf(g, p.limit);
+        u = fminf(fmaxf(u, -p.limit), p.limit);
+      }
+      return g / (1.0f + expf(-g)) * u;
+    case Activation::Gelu:
+      return 0.5f * g * (1.0f + erff(g / 1.41421356237309515f)) * u;
+    case Activation::GeluTanh: {
+      const float inner = 0.797884560802865355f * (g + 0.044715f * g * g * g);
+      return 0.5f * g * (1.0f + tanhf(inner)) * u;
+    }
+    case Activation::SwigluOai: {
+      const float L = p.has_limit ? p.limit : 7.0f;
+      g = fminf(g, L);
+      u = fminf(fmaxf(u, -L), L);
+      return (u + 1.0f) * g * (1.0f / (1.0f + expf(-p.alpha * g)));
+    }
+  }
+  return 0.0f;
+}
+
+__global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int ksplit, int TK, int I,
+                                                          const int32_t* slot_local, const float* b13,
+                                                          const ActParams p, const RowQuant q, const RowOut o,
+                                                          bool defer, float* zbuf, unsigned* amax_bits) {
+  extern __shared__ float sz[];
+  __shared__ float red[32];
+  const int slot = blockIdx.x;
+  const int le = slot_local[slot];
+  if (le < 0) return;
+  const int N = 2 * I;
+  const int64_t split_stride = static_cast<int64_t>(TK) * N;
+  const float* y = y1p + static_cast<int64_t>(slot) * N;
+  const float* b = b13 ? b13 + static_cast<int64_t>(le) * N : nullptr;
+  for (int j = threadIdx.x; j < I; j += blockDim.x) {
+    const int gi = p.interleaved ? 2 * j : j;
+    const int ui = p.interleaved ? 2 * j + 1 : I + j;
+    float g = 0.0f, u = 0.0f;
+    for (int s = 0; s < ksplit; ++s) {
+      g += y[s * split_stride + gi];
+      u += y[s * split_stride + ui];
+    }
+    if (b) {
+      g += b[gi];
+      u += b[ui];
+    }
+    sz[j] = act_fn(p, g, u);
+  }
+  __syncthreads();
+  if (defer) {
+    for (int j = threadIdx.x; j < I; j += blockDim.x) zbuf[static_cast<int64_t>(slot) * I + j] = sz[j];
+    const float m = block_absmax(sz, I, red);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+  } else {
+    quantize_row(sz, I, q, o, slot, red);
+  }
+}
+
+void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
+                const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
+                unsigned* amax_bits, cudaStream_t s) {
+  const size_t smem = static_cast<size_t>(I) * sizeof(float);
+  static std::atomic<size_t> cfg{0};
+  set_smem(reinterpret_cast<const void*>(act_kernel), smem, cfg);
+  act_kernel<<<TK, kRowThreads, smem, s>>>(y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf, amax_bits);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+__global__ void __launch_bounds__(kRowThreads) quant_rows_kernel(const float* zbuf, int I, const int32_t* slot_local,
+                                                                 const RowQuant q, const RowOut o) {
+  extern __shared__ float sz[];
+  __shared__ float red[32];
+  const int slot = blockIdx.x;
+  if (slot_local[slot] < 0) return;
+  for (int j = threadIdx.x; j < I; j += blockDim.x) sz[j] = zbuf[static_cast<int64_t>(slot) * I + j];
+  __syncthreads();
+  quantize_row(sz, I, q, o, slot, red);
+}
+
+void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_local, const RowQuant& q,
+                       const RowOut& out, cudaStream_t s) {
+  const size_t smem = static_cast<size_t>(I) * sizeof(float);
+  static std::atomic<size_t> cfg{0};
+  set_smem(reinterpret_cast<const void*>(quant_rows_kernel), smem, cfg);
+  quant_rows_kernel<<<TK, kRowThreads, smem, s>>>(zbuf, I, slot_local, q, out);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- combine ---------------------------------------------------------------------------------
+__global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
+                               const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate) {
+  const int t = blockIdx.y;
+  const int h = blockIdx.x * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  const int TK = T * K;
+  const int64_t split_stride = static_cast<int64_t>(TK) * H;
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const int slot = t * K + k;
+    const int le = slot_local[slot];
+    if (le < 0) continue;
+    const float* y = y2p + static_cast<int64_t>(slot) * H + h;
+    float v = 0.0f;
+    for (int s = 0; s < ksplit; ++s) v += y[s * split_stride];
+    if (b2) v += b2[static_cast<int64_t>(le) * H + h];
+    acc += on_input ? v : topk_w[slot] * v;
+  }
+  float* o = out + static_cast<int64_t>(t) * H + h;
+  *o = accumulate ? *o + acc : acc;
+}
+
+void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
+                    const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
+                    cudaStream_t s) {
+  combine_kernel<<<dim3((H + 255) / 256, T), 256, 0, s>>>(y2p, ksplit, T, K, H, slot_local, topk_w, on_input, b2,
+                                                          out, accumulate);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- random fill (benchmarks) ----------------------------------------------------------------
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void random_fill_kernel(void* p, int64_t count, RandKind kind, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t r = splitmix64(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    const float v = lo + (hi - lo) * u;
+    switch (kind) {
+      case RandKind::Bytes: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(r); break;
+      case RandKind::Fp8Codes: {
+        uint8_t b = static_cast<uint8_t>(r);
+        if ((b & 0x7F) == 0x7F) b ^= 1;
+        static_cast<uint8_t*>(p)[i] = b;
+        break;
+      }
+      case RandKind::Bf16Values: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+      case RandKind::E8M0Scales: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(lo + static_cast<float>(r % static_cast<uint64_t>(hi - lo + 1))); break;
+      case RandKind::Fp8Scales: static_cast<uint8_t*>(p)[i] = fp8_e4m3_encode(v); break;
+      case RandKind::F32Values: static_cast<float*>(p)[i] = v; break;
+    }
+  }
+}
+
+void launch_random_fill(void* p, int64_t count, RandKind kind, uint64_t seed, float lo, float hi, cudaStream_t s) {
+  if (count <= 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((count + 255) / 256, 8192));
+  random_fill_kernel<<<blocks, 256, 0, s>>>(p, count, kind, seed, lo, hi);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,132 @@
+// Block-cooperative row quantizers (the scheme's activation quantization, spec §9.1, §10.4–10.8),
+// written with the formats.h functions so that they agree with the CPU reference bit for bit
+// given the same fp32 inputs. A row of n values in shared memory becomes the GEMM operand:
+//   None          bf16(v) (+ bf16(v − hi) when split)
+//   MX fp4/fp6    quantize-dequantize per 32 (shared exponent from formats.h, "even" etc.), exact in bf16
+//   NVFP4         e2m1 · s_b per 16 (exact in bf16); the 1/gs factor is applied after the GEMM
+//   FP8           fp8 code values (exact in bf16 and fp16); s applied after the GEMM (rowscale / per expert)
+//   INT8          int8 codes; s applied after the GEMM
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_common.h"
+#include "qmoe/formats.h"
+
+namespace qmoe::cuda {
+
+constexpr int kRowThreads = 512;  // one block per row; red[] below holds up to 32 warps
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// max |v[i]| over the row, all threads of the block get it. `red` : 32 floats of shared memory.
+__device__ __forceinline__ float block_absmax(const float* v, int n, float* red) {
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, fabsf(v[i]));
+  m = warp_max(m);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float r = lane < nw ? red[lane] : 0.0f;
+  r = warp_max(r);
+  return r;
+}
+
+__device__ __forceinline__ MxElem mx_elem_of(ActQuant m) {
+  return m == ActQuant::Mxfp4 ? MxElem::Fp4E2M1 : m == ActQuant::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp6E3M2;
+}
+
+// Quantize row `row` (values v[0..n) in shared memory) into o.
+__device__ inline void quantize_row(const float* v, int n, const RowQuant& q, const RowOut& o, int64_t row, float* red) {
+  __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + row * o.stride;
+  __nv_bfloat16* lo = o.a_lo ? static_cast<__nv_bfloat16*>(o.a_lo) + row * o.stride : nullptr;
+  int8_t* i8 = static_cast<int8_t*>(o.a_hi) + row * o.stride;
+  const int tid = threadIdx.x;
+  switch (q.mode) {
+    case ActQuant::None:
+      for (int i = tid; i < n; i += blockDim.x) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(v[i]);
+        hi[i] = h;
+        if (q.split) lo[i] = __float2bfloat16_rn(v[i] - __bfloat162float(h));
+      }
+      break;
+    case ActQuant::Mxfp4:
+    case ActQuant::Mxfp6E2M3:
+    case ActQuant::Mxfp6E3M2: {
+      const MxElem el = mx_elem_of(q.mode);
+      const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
+      const int nb = (n + kMxBlock - 1) / kMxBlock;
+      for (int b = warp; b < nb; b += nw) {
+        const int i = b * kMxBlock + lane;
+        const float x = i < n ? v[i] : 0.0f;
+        const float amax = warp_max(fabsf(x));
+        const int sh = mx_shared_exponent(amax, el, q.mx_mode);
+        if (i < n) hi[i] = __float2bfloat16_rn(ldexpf(mx_elem_decode(el, mx_elem_encode(el, ldexpf(x, -sh))), sh));
+      }
+      break;
+    }
+    case ActQuant::Nvfp4: {
+      const float gs = q.static_scale;
+      const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
+      const int nb = (n + kNvfp4Block - 1) / kNvfp4Block;
+      for (int b0 = warp * 2; b0 < nb; b0 += nw * 2) {  // a warp takes 2 blocks of 16
+        const int b = b0 + (lane >> 4);
+        const int i = b * kNvfp4Block + (lane & 15);
+        const float x = (b < nb && i < n) ? v[i] : 0.0f;
+        float amax = fabsf(x);
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+        float s = gs * amax / kFp4Max;
+        s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
+        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
+        const float inv = sb == 0.0f ? 0.0f : gs / sb;
+        float qv = x * inv;
+        qv = fminf(fmaxf(qv, -kFp4Max), kFp4Max);
+        if (b < nb && i < n) hi[i] = __float2bfloat16_rn(fp4_e2m1_decode(fp4_e2m1_encode(qv)) * sb);
+      }
+      break;
+    }
+    case ActQuant::Fp8Static:
+    case ActQuant::Fp8DynToken:
+    case ActQuant::Fp8DynTensor: {
+      float s;
+      if (q.mode == ActQuant::Fp8Static) {
+        s = q.static_scale;
+      } else if (q.mode == ActQuant::Fp8DynToken) {
+        s = fp8_token_scale(block_absmax(v, n, red));
+      } else {
+        s = fp8_tensor_scale(__uint_as_float(*q.tensor_amax));
+      }
+      const float inv = 1.0f / s;
+      if (q.f16) {
+        __half* h16 = static_cast<__half*>(o.a_hi) + row * o.stride;
+        for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(fp8_e4m3_decode(fp8_quantize_act(v[i], inv)));
+      } else {
+        for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(fp8_e4m3_decode(fp8_quantize_act(v[i], inv)));
+      }
+      if (q.mode != ActQuant::Fp8Static && tid == 0) o.rowscale[row] = s;
+      break;
+    }
+    case ActQuant::Int8Static: {
+      const float s = q.static_scale;
+      for (int i = tid; i < n; i += blockDim.x) i8[i] = int8_quantize_static(v[i], s);
+      break;
+    }
+    case ActQuant::Int8DynToken: {
+      const float amax = block_absmax(v, n, red);
+      const float inv = int8_token_inv_scale(amax);
+      for (int i = tid; i < n; i += blockDim.x) i8[i] = int8_quantize_token(v[i], inv);
+      if (tid == 0) o.rowscale[row] = int8_token_scale(amax);
+      break;
+    }
+  }
+}
+
+}  // namespace qmoe::cuda

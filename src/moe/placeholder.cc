@@ -1,1 +1,0 @@
-// placeholder: this module's sources replace this file.

@@ -1,0 +1,35 @@
+// Progress reporting on stderr for long quantizer / demo jobs (internal).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace qmoe::quantizer_detail {
+
+// A bar redrawn in place when stderr is a terminal, otherwise a line at every 25 %.
+// Thread-safe; does nothing when disabled.
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total, bool enabled);
+  ~Progress();
+  void add(uint64_t done);  // advance by `done` units
+  void finish();            // print the final state (idempotent)
+
+ private:
+  void draw(bool final);
+  std::string label_;
+  uint64_t total_ = 0, done_ = 0;
+  bool enabled_ = false, tty_ = false, finished_ = false;
+  int last_quarter_ = -1;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  std::mutex mu_;
+};
+
+// Whether stderr is a terminal.
+bool stderr_is_tty();
+// A status line on stderr ("qmoe: ..."), clearing a bar first when on a terminal.
+void status_line(const std::string& msg);
+
+}  // namespace qmoe::quantizer_detail

@@ -1,0 +1,465 @@
+// Unit tests of the optimized CPU kernels' building blocks, per ISA:
+//  * activation quantizers: bit-for-bit the values of ref::act_qdq_row (every rule, every layout),
+//    including RNE ties, saturation and tiny / zero blocks;
+//  * in-register weight decoding (the bit tricks / tables): every code of every format equals
+//    formats.h, read back through the GEMM with unit activation vectors;
+//  * integer GEMM kinds against the scalar kernel;
+//  * gated activations against ref::apply_activation_row (≤ 1 ulp);
+//  * the thread pool.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpu/kernel_iface.h"
+#include "cpu/ref/ref_ops.h"
+#include "cpu/thread_pool.h"
+#include "qmoe/error.h"
+#include "qmoe/formats.h"
+
+namespace qmoe::cpu {
+namespace {
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+// Rows that exercise rounding: random normals at several magnitudes, exact grid midpoints, zeros,
+// a zero block, huge values, subnormal-scale blocks.
+std::vector<std::vector<float>> test_rows(int k, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> rows;
+  for (float mag : {1.0f, 1e-3f, 300.0f, 1e-30f}) {
+    std::vector<float> r(static_cast<size_t>(k));
+    for (float& v : r) v = nd(rng) * mag;
+    rows.push_back(r);
+  }
+  // Midpoints of the fp4 / fp6 / fp8 / int8 grids at block scale 1 (amax 6 → shared exponent 0
+  // for fp4; 7.5 for e2m3 etc.), with the block maximum set so the scale is a power of two.
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.0625f, 0.1875f, 2.25f, 6.5f, 7.25f,
+                        0.5f,  1.5f,  2.5f,  -0.25f, -0.75f, -2.5f, -5.0f, 0.0f, -0.0f, 3.0f, 4.5f, 1.0f};
+  std::vector<float> t(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) t[static_cast<size_t>(i)] = (i % 32 == 0) ? 6.0f : ties[i % 24];
+  rows.push_back(t);
+  std::vector<float> z(static_cast<size_t>(k), 0.0f);
+  for (int i = k / 2; i < k; ++i) z[static_cast<size_t>(i)] = nd(rng);
+  rows.push_back(z);  // leading zero blocks
+  std::vector<float> h(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) h[static_cast<size_t>(i)] = (i % 3 == 0 ? 1e6f : -2.0f) * (1.0f + 0.01f * static_cast<float>(i));
+  rows.push_back(h);  // saturating values
+  std::vector<float> ip(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) ip[static_cast<size_t>(i)] = static_cast<float>(i % 9) - 4.0f + ((i % 4 == 1) ? 0.5f : 0.0f);
+  ip[0] = 127.0f;
+  rows.push_back(ip);  // int8 dynamic: amax 127 → inv 1, exact .5 ties
+  return rows;
+}
+
+struct RuleCase {
+  ActQuant kind;
+  float scale;
+};
+
+TEST(OptimizedUnits, ActQuantizersMatchReference) {
+  std::mt19937 rng(5);
+  const std::vector<RuleCase> rules = {
+      {ActQuant::None, 0.0f},           {ActQuant::Fp8Static, 0.0123f},   {ActQuant::Fp8DynToken, 0.0f},
+      {ActQuant::Fp8DynTensor, 0.0f},   {ActQuant::Int8Static, 0.25f},    {ActQuant::Int8Static, 0.0371f},
+      {ActQuant::Int8DynToken, 0.0f},   {ActQuant::Mxfp4, 0.0f},          {ActQuant::Mxfp6E2M3, 0.0f},
+      {ActQuant::Mxfp6E3M2, 0.0f},      {ActQuant::Nvfp4, 672.0f},        {ActQuant::Nvfp4, 3.1f},
+  };
+  for (const RuleCase& rc : rules) {
+    ref::ActQuantRule rule;
+    rule.kind = rc.kind;
+    rule.static_scale = rc.scale;
+    for (MxScaleMode mode : {MxScaleMode::Even, MxScaleMode::Floor}) {
+      rule.mx_mode = mode;
+      // Layouts that can consume this rule.
+      struct L {
+        DotKind kind;
+        WeightFormat consumer;
+      };
+      std::vector<L> layouts = {{DotKind::F32, WeightFormat::Mxfp6E2M3}, {DotKind::F32, WeightFormat::Mxfp4}};
+      if (rc.kind == ActQuant::Int8Static || rc.kind == ActQuant::Int8DynToken) layouts.push_back({DotKind::I8, WeightFormat::Int8});
+      if (rc.kind == ActQuant::Mxfp4) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp4});
+      if (rc.kind == ActQuant::Nvfp4) layouts.push_back({DotKind::Fp4Nv, WeightFormat::Nvfp4});
+      const bool mx = rc.kind == ActQuant::Mxfp4 || rc.kind == ActQuant::Mxfp6E2M3 || rc.kind == ActQuant::Mxfp6E3M2;
+      std::vector<int> ks = {32, 64, 96, 160};
+      if (!mx) ks.push_back(48);
+      if (!mx && rc.kind != ActQuant::Nvfp4) ks.push_back(40);
+      for (int k : ks) {
+        for (const auto& row : test_rows(k, rng)) {
+          const float tscale = fp8_tensor_scale(ref::abs_max(row.data(), k));
+          std::vector<float> want(static_cast<size_t>(k));
+          ref::act_qdq_row(rule, row.data(), k, tscale, want.data());
+          for (const L& lc : layouts) {
+            if ((lc.kind == DotKind::Fp4Nv || lc.consumer == WeightFormat::Mxfp4) && k % 16 != 0) continue;
+            const ActLayout layout = make_act_layout(lc.kind, lc.consumer, k);
+            for (Isa isa : isas()) {
+              if (isa == Isa::Avx2 && (lc.kind == DotKind::Fp4Mx || lc.kind == DotKind::Fp4Nv)) continue;
+              std::vector<uint8_t> buf(static_cast<size_t>(layout.stride), 0xCD);
+              QuantRowArgs q{&rule, &layout, tscale, row.data(), buf.data()};
+              kernel_table(isa).quantize_row(q);
+              std::vector<double> got(static_cast<size_t>(k));
+              act_row_values(layout, buf.data(), got.data());
+              for (int i = 0; i < k; ++i) {
+                const float g = static_cast<float>(got[static_cast<size_t>(i)]);
+                ASSERT_EQ(g, want[static_cast<size_t>(i)])
+                    << fmt::format("rule {} scale {} mode {} kind {} k {} isa {} element {} x {}", to_string(rc.kind), rc.scale,
+                                   static_cast<int>(mode), static_cast<int>(lc.kind), k, isa_name(isa), i,
+                                   row[static_cast<size_t>(i)]);
+              }
+              // Positions holding no element are zero.
+              std::vector<bool> used(static_cast<size_t>(layout.k_pad), false);
+              for (int i = 0; i < k; ++i) used[static_cast<size_t>(act_value_position(layout, i))] = true;
+              for (int p = 0; p < layout.k_pad; ++p)
+                if (!used[static_cast<size_t>(p)]) {
+                  uint8_t z[4] = {};
+                  ASSERT_EQ(0, std::memcmp(buf.data() + layout.vals_off + static_cast<int64_t>(p) * layout.elem_bytes, z,
+                                           static_cast<size_t>(layout.elem_bytes)))
+                      << "padding at " << p << " isa " << isa_name(isa);
+                }
+              if (lc.kind == DotKind::I8) {  // the code sum used by the VNNI offset trick
+                int32_t sum, want_sum = 0;
+                std::memcpy(&sum, buf.data() + 4, 4);
+                for (int i = 0; i < k; ++i) want_sum += static_cast<int8_t>(buf[static_cast<size_t>(layout.vals_off + i)]);
+                ASSERT_EQ(sum, want_sum) << isa_name(isa);
+              }
+            }
+          }
+        }
+      }
+      if (!mx) break;  // the mode only matters for MX rules
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight decoding: a row holding every code of the format (and every scale byte of interest),
+// read through the GEMM with unit activations e_j, must give formats.h's value of element j.
+struct DecodeCase {
+  std::string name;
+  WeightFormat fmt;
+  DType dtype;
+  int K;
+  std::vector<uint8_t> row;     // packed row bytes
+  std::vector<uint8_t> scales;  // block scales of the row (MX / NVFP4)
+  float nv_global = 1.0f;
+  std::vector<float> want;      // [K]
+};
+
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> v;
+  {  // FP8 E4M3: all 254 non-NaN codes (+ 2 zeros to fill 256)
+    DecodeCase c{"fp8", WeightFormat::Fp8E4M3, DType::F8_E4M3, 256, {}, {}, 1.0f, {}};
+    for (int i = 0; i < 256; ++i) {
+      uint8_t code = static_cast<uint8_t>(i);
+      if ((code & 0x7F) == 0x7F) code = 0;
+      c.row.push_back(code);
+      c.want.push_back(fp8_e4m3_decode(code));
+    }
+    v.push_back(c);
+  }
+  {  // INT8: all codes
+    DecodeCase c{"int8", WeightFormat::Int8, DType::I8, 256, {}, {}, 1.0f, {}};
+    for (int i = 0; i < 256; ++i) {
+      c.row.push_back(static_cast<uint8_t>(i));
+      c.want.push_back(static_cast<float>(static_cast<int8_t>(i)));
+    }
+    v.push_back(c);
+  }
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {  // unquantized storage
+    DecodeCase c{std::string("unquantized_") + std::string(dtype_name(dt)), WeightFormat::BF16, dt, 72, {}, {}, 1.0f, {}};
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    for (int i = 0; i < c.K; ++i) {
+      float val = nd(rng) * (i < 8 ? 1e-6f : 3.0f);
+      if (dt == DType::BF16) {
+        const uint16_t h = bf16_encode(val);
+        c.row.push_back(static_cast<uint8_t>(h));
+        c.row.push_back(static_cast<uint8_t>(h >> 8));
+        val = bf16_decode(h);
+      } else if (dt == DType::F16) {
+        const uint16_t h = fp16_encode(val);
+        c.row.push_back(static_cast<uint8_t>(h));
+        c.row.push_back(static_cast<uint8_t>(h >> 8));
+        val = fp16_decode(h);
+      } else {
+        uint8_t b[4];
+        std::memcpy(b, &val, 4);
+        c.row.insert(c.row.end(), b, b + 4);
+      }
+      c.want.push_back(val);
+    }
+    v.push_back(c);
+  }
+  // MXFP4 / MXFP6: every code in blocks with scale bytes 0 (2^-127), 1, 100, 127, 150, 200.
+  const uint8_t sbytes[] = {0, 1, 100, 127, 150, 200};
+  for (WeightFormat f : {WeightFormat::Mxfp4, WeightFormat::Mxfp6E2M3, WeightFormat::Mxfp6E3M2}) {
+    const int ncodes = f == WeightFormat::Mxfp4 ? 16 : 64;
+    DecodeCase c{std::string(to_string(f)), f, DType::U8, 32 * 6, {}, {}, 1.0f, {}};
+    std::vector<uint8_t> codes;
+    for (int b = 0; b < 6; ++b) {
+      c.scales.push_back(sbytes[b]);
+      for (int j = 0; j < 32; ++j) {
+        const uint8_t code = static_cast<uint8_t>((b * 32 + j * 7) % ncodes);
+        codes.push_back(code);
+        const float e = f == WeightFormat::Mxfp4 ? fp4_e2m1_decode(code) : f == WeightFormat::Mxfp6E2M3 ? fp6_e2m3_decode(code) : fp6_e3m2_decode(code);
+        c.want.push_back(std::ldexp(e, static_cast<int>(sbytes[b]) - 127));
+      }
+    }
+    c.row.resize(f == WeightFormat::Mxfp4 ? codes.size() / 2 : codes.size() * 3 / 4);
+    if (f == WeightFormat::Mxfp4) pack_fp4(codes.data(), static_cast<int64_t>(codes.size()), c.row.data());
+    else pack_fp6(codes.data(), static_cast<int64_t>(codes.size()), c.row.data());
+    v.push_back(c);
+  }
+  {  // NVFP4: every code, several fp8 block scales incl. subnormal ones, K % 32 == 16
+    DecodeCase c{"nvfp4", WeightFormat::Nvfp4, DType::U8, 16 * 7, {}, {}, 0.00317f, {}};
+    const uint8_t fs[] = {0x01, 0x07, 0x08, 0x38, 0x55, 0x7E, 0xB9};
+    std::vector<uint8_t> codes;
+    for (int b = 0; b < 7; ++b) {
+      c.scales.push_back(fs[b]);
+      const float factor = fp8_e4m3_decode(fs[b]) * c.nv_global;
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t code = static_cast<uint8_t>((j + b) % 16);
+        codes.push_back(code);
+        c.want.push_back(fp4_e2m1_decode(code) * factor);
+      }
+    }
+    c.row.resize(codes.size() / 2);
+    pack_fp4(codes.data(), static_cast<int64_t>(codes.size()), c.row.data());
+    v.push_back(c);
+  }
+  return v;
+}
+
+TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
+  for (const DecodeCase& c : decode_cases()) {
+    WeightView w;
+    w.fmt = c.fmt;
+    w.dtype = c.dtype;
+    w.rows = 1;
+    w.cols = c.K;
+    w.row_bytes = static_cast<int64_t>(c.row.size());
+    w.data = c.row.data();
+    w.scales = c.scales.empty() ? nullptr : c.scales.data();
+    w.nv_global = c.nv_global;
+    const ActLayout layout = make_act_layout(DotKind::F32, c.fmt, c.K);
+    // Act rows: e_j (value 1 at j's stored position), row scale 1.
+    std::vector<uint8_t> act(static_cast<size_t>(layout.stride * c.K), 0);
+    std::vector<int32_t> index(static_cast<size_t>(c.K));
+    for (int j = 0; j < c.K; ++j) {
+      uint8_t* row = act.data() + static_cast<int64_t>(j) * layout.stride;
+      const float one = 1.0f;
+      std::memcpy(row, &one, 4);
+      std::memcpy(row + layout.vals_off + 4 * act_value_position(layout, j), &one, 4);
+      index[static_cast<size_t>(j)] = j;
+    }
+    for (Isa isa : isas()) {
+      for (int ntok : {1, c.K}) {  // fused decode (≤ 4 tokens) and the decoded-tile path
+        std::vector<float> out(static_cast<size_t>(c.K), -7.0f);
+        GemmArgs g;
+        g.w = &w;
+        g.layout = &layout;
+        g.act_base = act.data();
+        g.act_index = index.data();
+        g.ntok = ntok;
+        g.row0 = 0;
+        g.row1 = 1;
+        g.out = out.data();
+        g.ldo = 1;
+        kernel_table(isa).gemm(g);
+        for (int j = 0; j < ntok; ++j)
+          ASSERT_EQ(out[static_cast<size_t>(j)], c.want[static_cast<size_t>(j)])
+              << c.name << " isa " << isa_name(isa) << " element " << j << " ntok " << ntok;
+      }
+    }
+  }
+}
+
+// Integer kinds (and F32 with several rows / tokens / tails) against the scalar kernel.
+TEST(OptimizedUnits, GemmKindsMatchScalar) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd;
+  struct K {
+    DotKind kind;
+    WeightFormat fmt;
+    ActQuant act;
+    int k;
+  };
+  const std::vector<K> kinds = {{DotKind::I8, WeightFormat::Int8, ActQuant::Int8DynToken, 200},
+                                {DotKind::I8, WeightFormat::Int8, ActQuant::Int8Static, 64},
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 96},
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 256},
+                                {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 80},
+                                {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
+                                {DotKind::F32, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
+                                {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64}};
+  for (const K& kc : kinds) {
+    const int rows = 39, ntok = 11, k = kc.k;  // rows 1..38: two 16-row tiles + a remainder (≥ 10 tokens)
+    const int64_t pcols = kc.fmt == WeightFormat::Mxfp4 || kc.fmt == WeightFormat::Nvfp4 ? k / 2
+                          : kc.fmt == WeightFormat::Mxfp6E3M2                         ? k * 3 / 4
+                                                                                       : k;
+    std::vector<uint8_t> wbytes(static_cast<size_t>(rows * pcols));
+    for (auto& b : wbytes) {
+      b = static_cast<uint8_t>(byte(rng));
+      if (kc.fmt == WeightFormat::Fp8E4M3 && (b & 0x7F) == 0x7F) b = 0x11;
+    }
+    const int bs = weight_block_size(kc.fmt);
+    std::vector<uint8_t> sc(bs ? static_cast<size_t>(rows * (k / bs)) : 0);
+    for (auto& s : sc) s = kc.fmt == WeightFormat::Nvfp4 ? fp8_e4m3_encode(1.0f + 100.0f * std::fabs(nd(rng))) : static_cast<uint8_t>(120 + byte(rng) % 12);
+    std::vector<float> chan(static_cast<size_t>(rows)), bias(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      chan[static_cast<size_t>(r)] = 0.01f + 0.001f * r;
+      bias[static_cast<size_t>(r)] = nd(rng);
+    }
+    WeightView w;
+    w.fmt = kc.fmt;
+    w.dtype = DType::U8;
+    w.rows = rows;
+    w.cols = k;
+    w.row_bytes = pcols;
+    w.data = wbytes.data();
+    w.scales = sc.empty() ? nullptr : sc.data();
+    w.channel_scale = bs ? nullptr : chan.data();
+    w.nv_global = 0.0021f;
+    w.bias = bias.data();
+    ref::ActQuantRule rule;
+    rule.kind = kc.act;
+    rule.static_scale = kc.act == ActQuant::Nvfp4 ? 500.0f : 0.05f;
+    const ActLayout layout = make_act_layout(kc.kind, kc.fmt, k);
+    std::vector<uint8_t> act(static_cast<size_t>(layout.stride * ntok));
+    std::vector<int32_t> index(ntok);
+    std::vector<float> post(ntok);
+    for (int t = 0; t < ntok; ++t) {
+      std::vector<float> x(static_cast<size_t>(k));
+      for (float& v : x) v = nd(rng);
+      QuantRowArgs q{&rule, &layout, 0.0f, x.data(), act.data() + static_cast<int64_t>(t) * layout.stride};
+      quantize_row_scalar(q);
+      index[static_cast<size_t>(t)] = ntok - 1 - t;
+      post[static_cast<size_t>(t)] = 0.5f + 0.1f * t;
+    }
+    auto run = [&](Isa isa, int nt) {
+      std::vector<float> out(static_cast<size_t>(ntok * rows), 0.0f);
+      GemmArgs g;
+      g.w = &w;
+      g.layout = &layout;
+      g.act_base = act.data();
+      g.act_index = index.data();
+      g.ntok = nt;
+      g.row0 = 1;
+      g.row1 = rows;
+      g.out = out.data();
+      g.ldo = rows;
+      g.post_mul = post.data();
+      kernel_table(isa).gemm(g);
+      return out;
+    };
+    for (int nt : {1, 3, ntok}) {
+      const std::vector<float> want = run(Isa::Scalar, nt);
+      for (Isa isa : isas()) {
+        if (isa == Isa::Scalar || (isa == Isa::Avx2 && (kc.kind == DotKind::Fp4Mx || kc.kind == DotKind::Fp4Nv))) continue;
+        const std::vector<float> got = run(isa, nt);
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (kc.kind == DotKind::I8) {
+            ASSERT_EQ(got[i], want[i]) << "I8 is exact; isa " << isa_name(isa) << " i " << i;  // exact int32 dot
+          } else {
+            ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0)) << static_cast<int>(kc.kind) << " isa "
+                                                                             << isa_name(isa) << " i " << i;
+          }
+        }
+        EXPECT_EQ(got[0], 0.0f);  // row 0 not in [row0, row1): untouched
+      }
+    }
+  }
+}
+
+// Gated activations: within 1 ulp of the reference (which rounds a double result once).
+TEST(OptimizedUnits, ActivationsMatchReference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<ActivationSpec> specs(5);
+  specs[1].limit = 7.0f;
+  specs[2].kind = Activation::GeluTanh;
+  specs[3].kind = Activation::SwigluOai;
+  specs[3].interleaved = true;
+  specs[3].limit = 7.0f;
+  specs[4].kind = Activation::Gelu;
+  const int I = 77;
+  for (const auto& spec : specs) {
+    for (float mag : {1.0f, 10.0f, 1000.0f}) {
+      std::vector<float> y(2 * I);
+      for (float& v : y) v = nd(rng) * mag;
+      y[0] = 0.0f;
+      y[3] = -800.0f;
+      y[5] = 800.0f;
+      std::vector<float> want(I);
+      ref::apply_activation_row(spec, y.data(), I, want.data());
+      const ActParams ap = act_params_of(spec);
+      for (Isa isa : isas()) {
+        std::vector<float> got(I + 1, 123.0f);
+        kernel_table(isa).activation_row(ap, y.data(), I, got.data());
+        EXPECT_EQ(got[I], 123.0f) << "wrote past the end";
+        for (int j = 0; j < I; ++j) {
+          const float a = got[static_cast<size_t>(j)], b = want[static_cast<size_t>(j)];
+          double tol = std::fabs(std::nextafter(b, INFINITY) - b);
+          if (spec.kind == Activation::GeluTanh) {
+            // The reference's 1 + tanh(z) cancels for z ≪ 0: its own absolute error is up to
+            // ~ulp(1) = 2^-52 of 0.5·g·u, which no other evaluation reproduces bit for bit.
+            const double g = y[static_cast<size_t>(j)], u = y[static_cast<size_t>(I + j)];
+            tol += 0.5 * std::fabs(g * u) * std::ldexp(1.0, -51);
+          }
+          ASSERT_LE(std::fabs(a - b), tol) << to_string(spec.kind) << " isa " << isa_name(isa) << " j " << j << " g "
+                                           << y[static_cast<size_t>(j)];
+        }
+      }
+    }
+  }
+}
+
+TEST(OptimizedUnits, ThreadPoolCoversEveryIndexOnce) {
+  for (int threads : {1, 2, 3, 5}) {
+    std::vector<std::atomic<int>> hits(1000);
+    std::atomic<int> phase2{0};
+    ThreadPool::instance().run(threads, [&](Team& team) {
+      team.for_each(1000, [&](int64_t i) { hits[static_cast<size_t>(i)].fetch_add(1); });
+      team.for_each(7, [&](int64_t) { phase2.fetch_add(1); });
+      team.for_each(0, [&](int64_t) { phase2.fetch_add(100); });
+      team.for_each_on_caller(5, [&](int64_t) {
+        EXPECT_EQ(team.id(), 0);
+        phase2.fetch_add(10);
+      });
+      team.for_each(3, [&](int64_t) { phase2.fetch_add(1000); });
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    EXPECT_EQ(phase2.load(), 7 + 50 + 3000);
+  }
+  EXPECT_THROW(ThreadPool::instance().run(3, [](Team& team) {
+    team.for_each(10, [](int64_t i) {
+      if (i == 4) throw Error("boom");
+    });
+  }),
+               Error);
+  // Still usable after an exception; concurrent regions fall back to their callers.
+  std::atomic<int> total{0};
+  std::vector<std::thread> th;
+  for (int c = 0; c < 4; ++c)
+    th.emplace_back([&] {
+      ThreadPool::instance().run(2, [&](Team& team) { team.for_each(100, [&](int64_t) { total.fetch_add(1); }); });
+    });
+  for (auto& t : th) t.join();
+  EXPECT_EQ(total.load(), 400);
+}
+
+}  // namespace
+}  // namespace qmoe::cpu

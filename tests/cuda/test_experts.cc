@@ -1,0 +1,331 @@
+// The CUDA experts against the CPU oracle experts_reference, for every registry scheme and
+// activation, edge cases, launch-configuration variants, and determinism.
+//
+// Tolerances (rel-L2 of the layer output, and per token row):
+//  * kExact = 1e-5: every scheme in the default (fp32-accurate) mode. The kernels differ from the
+//    reference only by fp32 instead of fp64 accumulation (~1e-7 relative) and by fp32 instead of
+//    double activation functions; weight-only schemes feed fp32 activations as bf16 hi + lo
+//    (≤ 2^-17 relative per element).
+//  * Grid flips: a scheme that quantizes the intermediate can land an element on the other side of
+//    a rounding boundary when its fp32 value differs from the reference's by an ulp; that moves one
+//    token row by up to a grid step (fp4: ~1/sqrt(I) of the row). We allow at most T/16 such rows
+//    (none for T < 16); all other rows must stay within kRow = 5e-5 of the RMS row norm (the hi + lo
+//    split alone gives up to ~1.2e-5 on a row), the whole output within kExact unless rows flipped,
+//    and a systematic error fails every row.
+//  * kBf16 = 1e-2: CudaOptions::bf16_activations (activations and intermediate rounded to bf16
+//    once, rel. error 2^-9 per element — vLLM's precision).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "params_builder.h"
+#include "qmoe/cuda.h"
+#include "qmoe/error.h"
+#include "qmoe/moe.h"
+
+namespace qmoe::cuda::test {
+namespace {
+
+constexpr double kExact = 1e-5;
+constexpr double kRow = 5e-5;  // per token row (a grid flip moves a row by ≥ ~1e-4)
+constexpr double kBf16 = 1e-2;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!qmoe::cuda::available()) GTEST_SKIP() << "no CUDA device"
+
+bool small() { return std::getenv("QMOE_TEST_SMALL") != nullptr; }
+
+struct Problem {
+  int T = 33, K = 2, E = 8, H = 320, I = 160;
+  std::vector<int> expert_map;  // empty: identity
+  ActivationSpec act;
+  bool bias = true;
+  bool on_input = false;
+  uint64_t seed = 1;
+  std::vector<int> allowed;           // routing pool (empty: all experts)
+  std::vector<int32_t> forced_ids;    // overrides random routing
+};
+
+struct Result {
+  std::vector<float> gpu, ref;
+  double rel = 0.0;
+  int rows_over = 0;
+  double worst_row = 0.0;
+};
+
+Result run_problem(const SchemeInfo& s, const Problem& pb, const CudaOptions& opt = {}, bool prefill = false) {
+  std::mt19937 rng(static_cast<uint32_t>(pb.seed * 7919 + 17));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
+  for (auto& v : x) v = nd(rng);
+  BuildSpec b;
+  b.scheme = &s;
+  b.E = pb.E;
+  b.H = pb.H;
+  b.I = pb.I;
+  b.expert_map = pb.expert_map;
+  b.act = pb.act;
+  b.bias = pb.bias;
+  b.seed = pb.seed;
+  const ExpertParams p = build_params(b, x, pb.T);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  random_routing(pb.T, pb.K, pb.E, rng, ids, w, pb.allowed);
+  if (!pb.forced_ids.empty()) ids = pb.forced_ids;
+  Result r;
+  r.ref.assign(x.size(), 0.0f);
+  if (prefill)
+    for (auto& v : r.ref) v = nd(rng);
+  r.gpu = r.ref;
+  ExpertsArgs a;
+  a.params = &p;
+  a.x = x.data();
+  a.T = pb.T;
+  a.K = pb.K;
+  a.topk_ids = ids.data();
+  a.topk_weights = w.data();
+  a.router_weight_on_input = pb.on_input;
+  a.out = r.ref.data();
+  experts_reference(a);
+  a.out = r.gpu.data();
+  experts_cuda(a, opt);
+  r.rel = rel_l2(r.gpu, r.ref);
+  // Per-row error relative to the RMS row norm of the reference (rows of tokens routed to no
+  // local expert are zero in both).
+  double tot = 0.0;
+  for (float v : r.ref) tot += static_cast<double>(v) * v;
+  const double rms_row = std::sqrt(tot / pb.T) + 1e-30;
+  for (int t = 0; t < pb.T; ++t) {
+    double d = 0.0;
+    for (int h = 0; h < pb.H; ++h) {
+      const size_t k = static_cast<size_t>(t) * pb.H + h;
+      const double e = std::isfinite(r.gpu[k]) ? static_cast<double>(r.gpu[k]) - r.ref[k] : INFINITY;
+      d += e * e;
+    }
+    const double row = std::sqrt(d) / rms_row;
+    r.worst_row = std::max(r.worst_row, row);
+    if (row > kRow) ++r.rows_over;
+  }
+  return r;
+}
+
+void expect_exact(const SchemeInfo& s, const Result& r, int T, const std::string& what) {
+  const int allowed_flips = act_is_quantized(s.act) ? T / 16 : 0;
+  EXPECT_LE(r.rows_over, allowed_flips) << what << ": " << r.rows_over << " token rows over " << kRow
+                                        << " (worst " << r.worst_row << ", overall rel-L2 " << r.rel << ")";
+  if (allowed_flips == 0) EXPECT_LE(r.rel, kExact) << what;
+  EXPECT_TRUE(std::isfinite(r.rel)) << what;
+}
+
+ActivationSpec make_act(Activation k) {
+  ActivationSpec a;
+  a.kind = k;
+  if (k == Activation::SwigluOai) {
+    a.interleaved = true;
+    a.limit = 7.0f;
+    a.alpha = 1.702f;
+  }
+  return a;
+}
+
+// ---- every scheme × activation -----------------------------------------------------------------
+struct SchemeAct {
+  const SchemeInfo* s;
+  Activation a;
+};
+std::vector<SchemeAct> all_scheme_acts() {
+  std::vector<SchemeAct> v;
+  for (const auto& s : all_schemes())
+    for (Activation a : {Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::SwigluOai})
+      v.push_back({&s, a});
+  return v;
+}
+std::string sa_name(const ::testing::TestParamInfo<SchemeAct>& i) {
+  return std::string(i.param.s->name) + "_" + std::string(to_string(i.param.a));
+}
+
+class CudaExpertsAll : public ::testing::TestWithParam<SchemeAct> {};
+TEST_P(CudaExpertsAll, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [s, a] = GetParam();
+  Problem pb;
+  pb.act = make_act(a);
+  pb.seed = 3;
+  const Result r = run_problem(*s, pb);
+  expect_exact(*s, r, pb.T, std::string(s->name));
+}
+INSTANTIATE_TEST_SUITE_P(Registry, CudaExpertsAll, ::testing::ValuesIn(all_scheme_acts()), sa_name);
+
+// ---- bf16 activation mode (weight-only schemes) -------------------------------------------------
+TEST(CudaExperts, Bf16ActivationsMode) {
+  SKIP_WITHOUT_GPU();
+  for (const char* n : {"unquantized", "w_mxfp4", "w_mxfp6_e2m3", "w_mxfp6_e3m2"}) {
+    const SchemeInfo& s = scheme_by_name(n);
+    Problem pb;
+    CudaOptions o;
+    o.bf16_activations = true;
+    const Result r = run_problem(s, pb, o);
+    EXPECT_LE(r.rel, kBf16) << n;
+    EXPECT_GT(r.rel, 1e-5) << n << ": bf16 mode should differ from the exact path by bf16 rounding";
+  }
+}
+
+// ---- edge cases -----------------------------------------------------------------------------
+const char* kEdgeSchemes[] = {"unquantized",   "w_mxfp4",         "w_mxfp4_a_mxfp4",
+                              "nvfp4",         "w_int8_channel_a_int8_dyn_token", "w_fp8_tensor_a_fp8_dyn_tensor",
+                              "w_mxfp6_e3m2_a_mxfp6_e3m2", "w_mxfp4_a_fp8", "w_int8_tensor_a_int8_static"};
+
+class CudaExpertsEdge : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaExpertsEdge, SingleToken) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.T = 1;
+  expect_exact(s, run_problem(s, pb), pb.T, "T=1");
+}
+TEST_P(CudaExpertsEdge, ExpertWithNoTokens) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.allowed = {0, 1, 2, 4, 5, 6, 7};  // expert 3 gets nothing
+  expect_exact(s, run_problem(s, pb), pb.T, "expert 3 empty");
+}
+TEST_P(CudaExpertsEdge, AllTokensOnOneExpert) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.T = 150;
+  pb.K = 1;
+  pb.forced_ids.assign(150, 5);  // 150 slots on expert 5: several tiles of one expert
+  expect_exact(s, run_problem(s, pb), pb.T, "all on expert 5");
+}
+TEST_P(CudaExpertsEdge, TopKEqualsE) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.E = 4;
+  pb.K = 4;
+  expect_exact(s, run_problem(s, pb), pb.T, "top-k = E");
+}
+TEST_P(CudaExpertsEdge, OddSizes) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  const int blk = weight_block_size(s.weight);
+  if (blk == 0) {
+    pb.H = 100;
+    pb.I = 52;
+  } else if (blk == 16) {
+    pb.H = 48;
+    pb.I = 80;
+  } else {
+    pb.H = 96;
+    pb.I = 224;
+  }
+  pb.T = 19;
+  pb.E = 5;
+  pb.K = 3;
+  expect_exact(s, run_problem(s, pb), pb.T, "odd sizes");
+}
+TEST_P(CudaExpertsEdge, ExpertParallelMissingExperts) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.expert_map = {-1, -1, 0, 1, 2, 3, -1, -1};  // this rank holds global experts 2..5
+  const Result r = run_problem(s, pb);
+  expect_exact(s, r, pb.T, "EP map");
+}
+TEST_P(CudaExpertsEdge, RouterWeightOnInput) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.K = 1;
+  pb.on_input = true;
+  expect_exact(s, run_problem(s, pb), pb.T, "router weight on input");
+}
+TEST_P(CudaExpertsEdge, AccumulatesIntoOut) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  expect_exact(s, run_problem(s, pb, {}, /*prefill=*/true), pb.T, "accumulate");
+}
+TEST_P(CudaExpertsEdge, TilesAndSplits) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.T = 70;
+  pb.E = 4;
+  pb.H = 512;
+  pb.I = 256;
+  for (int bt : {16, 64, 128})
+    for (int ks : {1, 3, 16}) {
+      CudaOptions o;
+      o.token_tile = bt;
+      o.ksplit = ks;
+      expect_exact(s, run_problem(s, pb, o), pb.T, "token_tile " + std::to_string(bt) + " ksplit " + std::to_string(ks));
+    }
+}
+TEST_P(CudaExpertsEdge, Deterministic) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  const Result a = run_problem(s, pb), b = run_problem(s, pb);
+  EXPECT_EQ(0, std::memcmp(a.gpu.data(), b.gpu.data(), a.gpu.size() * sizeof(float)));
+}
+INSTANTIATE_TEST_SUITE_P(Schemes, CudaExpertsEdge, ::testing::ValuesIn(kEdgeSchemes),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// ---- larger problems (BT = 128 tiles, many tiles per expert) ------------------------------------
+TEST(CudaExperts, LargerPrefill) {
+  SKIP_WITHOUT_GPU();
+  for (const char* n : {"w_mxfp4_a_mxfp4", "w_int8_channel_a_int8_dyn_token", "unquantized", "nvfp4"}) {
+    const SchemeInfo& s = scheme_by_name(n);
+    Problem pb;
+    pb.T = small() ? 200 : 600;
+    pb.H = 512;
+    pb.I = 384;
+    expect_exact(s, run_problem(s, pb), pb.T, n);
+  }
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+TEST(CudaExperts, RejectsBadInput) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name("w_mxfp4");
+  std::vector<float> x(256 * 4, 0.5f);
+  BuildSpec b;
+  b.scheme = &s;
+  b.H = 256;
+  b.I = 128;
+  ExpertParams p = build_params(b, x, 4);
+  std::vector<int32_t> ids = {0, 9, 1, 2, 3, 4, 5, 6};  // 9 ≥ E
+  std::vector<float> w(8, 0.5f), out(256 * 4, 0.0f);
+  ExpertsArgs a;
+  a.params = &p;
+  a.x = x.data();
+  a.T = 4;
+  a.K = 2;
+  a.topk_ids = ids.data();
+  a.topk_weights = w.data();
+  a.out = out.data();
+  EXPECT_THROW(experts_cuda(a), Error);
+  ids[1] = 1;
+  a.router_weight_on_input = true;  // needs K == 1
+  EXPECT_THROW(experts_cuda(a), Error);
+  a.router_weight_on_input = false;
+  ExpertParams bad = p;
+  bad.processed = false;
+  a.params = &bad;
+  EXPECT_THROW(experts_cuda(a), Error);
+  bad = p;
+  bad.w13_weight_scale = Tensor::zeros(DType::U8, {8, 256, 3});
+  EXPECT_THROW(experts_cuda(a), Error);
+}
+
+}  // namespace
+}  // namespace qmoe::cuda::test
