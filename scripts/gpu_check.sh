@@ -43,6 +43,18 @@ if ! have_sys_deps; then
   fi
 fi
 
+# ---- conformance cases ----------------------------------------------------------------------------
+# test_cuda runs every non-error case; on a machine where ../shared is absent, a copy can be carried
+# in build-conformance/ (cp -r ../shared/conformance/cases build-conformance).
+if [ -z "${QMOE_CONFORMANCE_DIR:-}" ] && [ ! -d "$ROOT/../shared/conformance/cases" ] && [ -d "$ROOT/build-conformance" ]; then
+  export QMOE_CONFORMANCE_DIR=$ROOT/build-conformance
+fi
+if [ -n "${QMOE_CONFORMANCE_DIR:-}" ] || [ -d "$ROOT/../shared/conformance/cases" ]; then
+  echo "conformance cases: ${QMOE_CONFORMANCE_DIR:-$ROOT/../shared/conformance/cases}"
+else
+  echo "WARNING: no conformance cases found: test_cuda will skip them"
+fi
+
 # ---- configure + build ----------------------------------------------------------------------------
 # CMake < 3.26 does not know the c++20 flag for nvcc; naming it is harmless on newer versions.
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CUDA_ARCHS=90a \

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,10 +57,15 @@ struct MoEWorkspace {
   std::vector<float> scratch;         // kernel scratch, grown as needed
 };
 
+// Runs the routed experts (and, with K = 1, the shared expert) on some device; adds into a.out
+// like experts_reference. E.g. `[](const ExpertsArgs& a) { qmoe::cuda::experts_cuda(a); }`.
+using ExpertsRunner = std::function<void(const ExpertsArgs&)>;
+
 struct MoELayerOptions {
   LoadOptions load;
   Kernel kernel = Kernel::Optimized;
   int threads = 0;            // ≤ 0: all cores
+  ExpertsRunner runner;       // when set, run() computes the experts with it instead of the CPU kernels
 };
 
 class MoELayer {

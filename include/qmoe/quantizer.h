@@ -185,10 +185,6 @@ DemoResult run_demo(const DemoOptions& opt);
 // ---------------------------------------------------------------------------------------------
 // Conformance verification (`qmoe verify`, conformance/README.md).
 
-// Runs the routed experts (and, with K = 1 and weight 1, the shared expert) on some device;
-// adds into a.out like experts_reference.
-using ExpertsRunner = std::function<void(const ExpertsArgs&)>;
-
 struct VerifyOptions {
   std::vector<Kernel> kernels{Kernel::Reference, Kernel::Optimized};  // CPU kernels to check
   std::string device = "cpu";     // label of the device

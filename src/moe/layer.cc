@@ -108,7 +108,9 @@ void MoELayer::run(const float* x, MoEWorkspace& ws, float* out) const {
   std::fill(out, out + static_cast<size_t>(T) * H, 0.0f);
 
   auto dispatch = [&](const ExpertsArgs& a) {
-    if (opt_.kernel == Kernel::Reference)
+    if (opt_.runner)
+      opt_.runner(a);
+    else if (opt_.kernel == Kernel::Reference)
       experts_reference(a);
     else
       experts_optimized(a, opt_.threads);

@@ -34,44 +34,6 @@ std::string lower(std::string s) {
 
 const char* kernel_name(Kernel k) { return k == Kernel::Reference ? "reference" : "optimized"; }
 
-// out = layer(x) with the experts run by `runner` (mirrors MoELayer::run: routed experts, then the
-// shared expert with weight 1 or sigmoid(x·g)).
-void run_with_runner(const MoELayer& layer, const std::string& dir, int layer_idx, bool add_shared, const float* x,
-                     MoEWorkspace& ws, float* out, const ExpertsRunner& runner) {
-  const int T = ws.T, K = ws.K, H = layer.experts().hidden;
-  std::fill(out, out + static_cast<size_t>(T) * H, 0.0f);
-  ExpertsArgs a;
-  a.params = &layer.experts();
-  a.x = x;
-  a.T = T;
-  a.K = K;
-  a.topk_ids = ws.topk_ids.data();
-  a.topk_weights = ws.topk_weights.data();
-  a.router_weight_on_input = layer.config().routing.apply_router_weight_on_input;
-  a.out = out;
-  runner(a);
-  if (layer.shared_expert() && add_shared) {  // with expert parallelism: on EP rank 0 only
-    std::vector<int32_t> ids(static_cast<size_t>(T), 0);
-    std::vector<float> w(static_cast<size_t>(T), 1.0f);
-    const std::string gate = layer.config().shared_expert_gate_name(layer_idx);
-    if (!gate.empty()) {
-      const auto g = to_f32(Checkpoint::open(dir).get(gate), gate);
-      for (int t = 0; t < T; ++t) {
-        double acc = 0.0;
-        for (int h = 0; h < H; ++h) acc += static_cast<double>(x[static_cast<size_t>(t) * H + h] * g[static_cast<size_t>(h)]);
-        w[static_cast<size_t>(t)] = 1.0f / (1.0f + std::exp(-static_cast<float>(acc)));
-      }
-    }
-    ExpertsArgs sa = a;
-    sa.params = &*layer.shared_expert();
-    sa.K = 1;
-    sa.topk_ids = ids.data();
-    sa.topk_weights = w.data();
-    sa.router_weight_on_input = false;
-    runner(sa);
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> expand_case_dirs(const std::vector<std::string>& args) {
@@ -115,14 +77,12 @@ std::vector<VerifyRow> verify_case(const std::string& dir, const VerifyOptions& 
     lo.kernel = k.value_or(Kernel::Reference);
     lo.threads = opt.threads;
     lo.load = load;
+    if (!k) lo.runner = opt.runner;
     const int layer_idx = ModelConfig::load(dir).moe_layers.front();
     holder.emplace(MoELayer::from_checkpoint(dir, layer_idx, lo));
     holder->plan(logits.data(), T, ws);
     out.assign(static_cast<size_t>(T) * holder->experts().hidden, 0.0f);
-    if (k)
-      holder->run(x.data(), ws, out.data());
-    else
-      run_with_runner(*holder, dir, layer_idx, load.ep_rank == 0, x.data(), ws, out.data(), opt.runner);
+    holder->run(x.data(), ws, out.data());
   };
 
   if (cj.value("expect_error", false)) {

@@ -16,6 +16,9 @@
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
 #include "qmoe/safetensors.h"
+#ifdef QMOE_HAVE_CUDA
+#include "qmoe/cuda.h"
+#endif
 
 namespace qmoe::cli {
 
@@ -59,8 +62,7 @@ void run_command(const RunOptions& o) {
   check_rank("ep", o.ep_rank, o.ep_size);
   if (o.device == "cuda") {
 #ifdef QMOE_HAVE_CUDA
-    throw Error(
-        "--device cuda: running a layer through the CUDA backend is not available in 'qmoe run' yet; use --device cpu");
+    if (!cuda::available()) throw Error("--device cuda: no CUDA device is visible; use --device cpu");
 #else
     throw Error("--device cuda: this qmoe was built without CUDA (configure with -DQMOE_CUDA=ON); use --device cpu");
 #endif
@@ -83,6 +85,9 @@ void run_command(const RunOptions& o) {
   opt.load.ep_size = o.ep_size;
   opt.kernel = o.kernel == "reference" ? Kernel::Reference : Kernel::Optimized;
   opt.threads = o.threads;
+#ifdef QMOE_HAVE_CUDA
+  if (o.device == "cuda") opt.runner = [](const ExpertsArgs& a) { cuda::experts_cuda(a); };
+#endif
   const MoELayer layer = MoELayer::from_checkpoint(o.dir, layer_index, opt);
   if (H != layer.experts().hidden)
     throw Error(fmt::format("input {}: 'hidden_states' has hidden size {}; layer {} of {} has hidden_size {}", o.input,
@@ -113,7 +118,7 @@ void run_command(const RunOptions& o) {
                                {"topk_ids", ids},
                                {"topk_weights", Tensor::from_f32(ws.topk_weights, {T, K})}});
   fmt::print("layer {} ({}, {}): {} tokens, top-{} of {} experts, kernel {}{} -> {}\n", layer_index,
-             layer.experts().scheme->name, layer.config().model_type, T, K, E, o.kernel,
+             layer.experts().scheme->name, layer.config().model_type, T, K, E, o.device == "cuda" ? std::string("cuda") : o.kernel,
              o.tp_size > 1 || o.ep_size > 1
                  ? fmt::format(", tp {}/{}, ep {}/{} (partial output)", o.tp_rank, o.tp_size, o.ep_rank, o.ep_size)
                  : std::string(),
