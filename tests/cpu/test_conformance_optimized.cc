@@ -4,6 +4,8 @@
 // for schemes that quantize activations (the kernels quantize from fp32 values), tolerance_rel_l2
 // for weight-only and unquantized schemes. TP / EP partial outputs too.
 #include <gtest/gtest.h>
+
+#include "cpu/conformance_util.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -26,30 +28,9 @@ namespace qmoe {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string cases_dir() { return QMOE_SOURCE_DIR "/../shared/conformance/cases/"; }
-
-std::vector<std::string> list_cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(cases_dir(), ec))
-    if (entry.is_directory() && fs::exists(entry.path() / "case.json")) {
-      std::ifstream jf(entry.path() / "case.json");
-      if (!nlohmann::json::parse(jf).value("expect_error", false)) names.push_back(entry.path().filename().string());
-    }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using conformance::cases_dir;
+using conformance::rel_l2;
+std::vector<std::string> list_cases() { return conformance::list_cases(/*include_error_cases=*/false); }
 
 // Sets QMOE_CPU_ISA for the scope.
 struct IsaEnv {

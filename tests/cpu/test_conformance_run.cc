@@ -2,6 +2,8 @@
 // plan(router_logits) + run with the reference kernel (spec §16.6; conformance/README.md).
 #include <gtest/gtest.h>
 
+#include "cpu/conformance_util.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -21,32 +23,13 @@ namespace qmoe {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string cases_dir() { return QMOE_SOURCE_DIR "/../shared/conformance/cases/"; }
-
-std::vector<std::string> list_cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(cases_dir(), ec))
-    if (entry.is_directory() && fs::exists(entry.path() / "case.json"))
-      names.push_back(entry.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using conformance::cases_dir;
+using conformance::rel_l2;
+std::vector<std::string> list_cases() { return conformance::list_cases(/*include_error_cases=*/true); }
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   return nlohmann::json::parse(f);
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 void expect_finite_nonzero(const std::vector<float>& v, const std::string& what) {
