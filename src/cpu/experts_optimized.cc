@@ -252,22 +252,30 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
       kt.quantize_row(q);
     });
     stamp(team);
+    // One grouped GEMM phase: every (local expert, row tile) task over that expert's tokens.
+    // act_index: per position, the activation row to read; post_mul: per position (or null).
+    auto gemm_phase = [&](const std::vector<Task>& tasks, const auto& weights, const auto& layout,
+                          const uint8_t* act_base, const int32_t* act_index, float* out, int ldo,
+                          const float* post_mul) {
+      team.for_each(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
+        const Task& tk = tasks[static_cast<size_t>(ti)];
+        const int off = s.offset[static_cast<size_t>(tk.e)];
+        GemmArgs g;
+        g.w = &weights[static_cast<size_t>(tk.e)];
+        g.layout = &layout;
+        g.act_base = act_base;
+        g.act_index = act_index + off;
+        g.ntok = s.count[static_cast<size_t>(tk.e)];
+        g.row0 = tk.row0;
+        g.row1 = tk.row1;
+        g.out = out + static_cast<int64_t>(off) * ldo;
+        g.ldo = ldo;
+        g.post_mul = post_mul ? post_mul + off : nullptr;
+        kt.gemm(g);
+      });
+    };
     // B: GEMM1.
-    team.for_each(static_cast<int64_t>(s.tasks1.size()), [&](int64_t ti) {
-      const Task& tk = s.tasks1[static_cast<size_t>(ti)];
-      const int off = s.offset[static_cast<size_t>(tk.e)];
-      GemmArgs g;
-      g.w = &c.v13[static_cast<size_t>(tk.e)];
-      g.layout = &c.L1;
-      g.act_base = act1;
-      g.act_index = s.tok_of_pos.data() + off;
-      g.ntok = s.count[static_cast<size_t>(tk.e)];
-      g.row0 = tk.row0;
-      g.row1 = tk.row1;
-      g.out = y1 + static_cast<int64_t>(off) * R13;
-      g.ldo = R13;
-      kt.gemm(g);
-    });
+    gemm_phase(s.tasks1, c.v13, c.L1, act1, s.tok_of_pos.data(), y1, R13, nullptr);
     stamp(team);
     // C1: activation (+ per-slot max for a dynamic per-tensor intermediate scale).
     const bool need_max = c.rule2.kind == ActQuant::Fp8DynTensor;
@@ -291,22 +299,8 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
     });
     stamp(team);
     // D: GEMM2 (+ bias, × router weight).
-    team.for_each(static_cast<int64_t>(s.tasks2.size()), [&](int64_t ti) {
-      const Task& tk = s.tasks2[static_cast<size_t>(ti)];
-      const int off = s.offset[static_cast<size_t>(tk.e)];
-      GemmArgs g;
-      g.w = &c.v2[static_cast<size_t>(tk.e)];
-      g.layout = &c.L2;
-      g.act_base = act2;
-      g.act_index = s.pos_index.data() + off;
-      g.ntok = s.count[static_cast<size_t>(tk.e)];
-      g.row0 = tk.row0;
-      g.row1 = tk.row1;
-      g.out = y2 + static_cast<int64_t>(off) * H;
-      g.ldo = H;
-      g.post_mul = a.router_weight_on_input ? nullptr : s.rw_of_pos.data() + off;
-      kt.gemm(g);
-    });
+    gemm_phase(s.tasks2, c.v2, c.L2, act2, s.pos_index.data(), y2, H,
+               a.router_weight_on_input ? nullptr : s.rw_of_pos.data());
     stamp(team);
     // E: combine in k order.
     small_loop(nt, static_cast<int64_t>(nt) * K * H, [&](int64_t i) {

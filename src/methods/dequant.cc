@@ -5,6 +5,8 @@
 // one ulp for the e2m1 magnitudes 1.5 / 3 / 6); INT8 / FP8 q·s; unquantized as stored).
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "methods/params_internal.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
@@ -19,6 +21,18 @@ MxElem mx_elem_of(WeightFormat f) {
     case WeightFormat::Mxfp6E3M2: return MxElem::Fp6E3M2;
     default: return MxElem::Fp4E2M1;
   }
+}
+
+// Element i of a F32 / BF16 / F16 tensor (memcpy: views of a mapped file need not be aligned).
+float float_at(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::F32) {
+    float v;
+    std::memcpy(&v, t.data() + 4 * i, 4);
+    return v;
+  }
+  uint16_t b;
+  std::memcpy(&b, t.data() + 2 * i, 2);
+  return t.dtype() == DType::BF16 ? bf16_decode(b) : fp16_decode(b);
 }
 
 // Which w13 shard (0 = gate / w1, 1 = up / w3) parameter row r belongs to.
@@ -59,7 +73,7 @@ void decode_scaled(const ExpertParams& p, const Tensor& w, int local, int64_t n_
       switch (p.scheme->weight) {
         case WeightFormat::Int8: q = static_cast<float>(w.data_as<int8_t>()[i]); break;
         case WeightFormat::Fp8E4M3: q = fp8_e4m3_decode(w.data_as<uint8_t>()[i]); break;
-        default: q = w.data_as<float>()[i]; break;
+        default: q = float_at(w, i); break;  // unquantized: F32 (BF16 / F16 accepted)
       }
       out[r * K + k] = q * s;
     }

@@ -1,5 +1,5 @@
-// Exact fp32 decoding of processed expert weights, and the shape checks that make it safe
-// (spec quark-moe.md §6, §10; layouts documented in include/qmoe/params.h).
+// Shape / dtype checks that make the reference safe on any ExpertParams, and the per-projection
+// weight and bias views it uses (the decode itself is dequant_expert; layouts in include/qmoe/params.h).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -146,64 +146,13 @@ void validate_expert_params(const ExpertParams& p, const char* who) {
   validate_proj(p, Proj::W2, who);
 }
 
+// The one exact decode of stored weights is dequant_expert (src/methods/dequant.cc).
 void decode_weight(const ExpertParams& p, Proj which, int e, std::vector<float>& out) {
-  const SchemeInfo& s = *p.scheme;
-  const ProjDims d = dims_of(p, which);
-  const int64_t pc = packed_cols(s.weight, d.cols);
-  const Tensor& w = which == Proj::W13 ? p.w13_weight : p.w2_weight;
-  const Tensor& sc = which == Proj::W13 ? p.w13_weight_scale : p.w2_weight_scale;
-  out.assign(static_cast<size_t>(d.rows * d.cols), 0.0f);
-  const int64_t wbase = static_cast<int64_t>(e) * d.rows * pc;
-
-  for (int64_t r = 0; r < d.rows; ++r) {
-    float* o = out.data() + r * d.cols;
-    const int64_t row0 = wbase + r * pc;
-    switch (s.weight) {
-      case WeightFormat::BF16:
-        for (int64_t c = 0; c < d.cols; ++c) o[c] = plain_value(w, row0 + c);
-        break;
-      case WeightFormat::Fp8E4M3:
-      case WeightFormat::Int8: {
-        const float scale = plain_value(sc, s.weight_scale == WeightScale::PerTensor ? e : e * d.rows + r);
-        for (int64_t c = 0; c < d.cols; ++c) {
-          const float v = s.weight == WeightFormat::Int8 ? static_cast<float>(w.data_as<int8_t>()[row0 + c])
-                                                         : fp8_e4m3_decode(w.data_as<uint8_t>()[row0 + c]);
-          o[c] = v * scale;
-        }
-        break;
-      }
-      case WeightFormat::Mxfp4:
-      case WeightFormat::Mxfp6E2M3:
-      case WeightFormat::Mxfp6E3M2: {
-        const uint8_t* packed = w.data_as<uint8_t>() + row0;
-        const uint8_t* scales = sc.data_as<uint8_t>() + (static_cast<int64_t>(e) * d.rows + r) * (d.cols / kMxBlock);
-        for (int64_t c = 0; c < d.cols; ++c) {
-          float v;
-          if (s.weight == WeightFormat::Mxfp4)
-            v = fp4_e2m1_decode(fp4_code_at(packed, c));
-          else if (s.weight == WeightFormat::Mxfp6E2M3)
-            v = fp6_e2m3_decode(fp6_code_at(packed, c));
-          else
-            v = fp6_e3m2_decode(fp6_code_at(packed, c));
-          const uint8_t sb = scales[c / kMxBlock];
-          o[c] = sb == 255 ? NAN : std::ldexp(v, static_cast<int>(sb) - 127);
-        }
-        break;
-      }
-      case WeightFormat::Nvfp4: {
-        const uint8_t* packed = w.data_as<uint8_t>() + row0;
-        const uint8_t* scales = sc.data_as<uint8_t>() + (static_cast<int64_t>(e) * d.rows + r) * (d.cols / kNvfp4Block);
-        const Tensor& s2 = which == Proj::W13 ? p.w13_weight_scale_2 : p.w2_weight_scale_2;
-        const float global = plain_value(s2, e);
-        // e2m1 · fp8 is exact in fp32 (≤ 6 significant bits), so × weight_scale_2 rounds once:
-        // the correctly rounded value of the exact product (what a kernel that multiplies the
-        // exact element × block-scale products by the global scale in its epilogue computes).
-        for (int64_t c = 0; c < d.cols; ++c)
-          o[c] = (fp4_e2m1_decode(fp4_code_at(packed, c)) * fp8_e4m3_decode(scales[c / kNvfp4Block])) * global;
-        break;
-      }
-    }
-  }
+  std::vector<float> other;
+  if (which == Proj::W13)
+    dequant_expert(p, e, out, other);
+  else
+    dequant_expert(p, e, other, out);
 }
 
 void decode_bias(const ExpertParams& p, Proj which, int e, std::vector<float>& out) {
