@@ -114,8 +114,9 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_csv = next();
     else if (a == "--copies") force_copies = std::stoi(next());
     else if (a == "--bf16-act") base_opt.bf16_activations = true;
+    else if (a == "--token-tile") base_opt.token_tile = std::stoi(next());
     else if (a == "--help") {
-      std::printf("bench_cuda [--shapes a,b] [--schemes x,y] [--tokens 1,16] [--reps N] [--copies R] [--out file.csv] [--bf16-act]\n");
+      std::printf("bench_cuda [--shapes a,b] [--schemes x,y] [--tokens 1,16] [--reps N] [--copies R] [--out file.csv] [--bf16-act] [--token-tile 8|16|64|128]\n");
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s (try --help)\n", a.c_str());
@@ -154,9 +155,14 @@ int main(int argc, char** argv) {
         const size_t plus = entry.find('+');
         const std::string scname = entry.substr(0, plus);
         qmoe::cuda::CudaOptions opt = base_opt;
-        if (plus != std::string::npos) {
-          if (entry.substr(plus) != "+bf16act") throw qmoe::Error("unknown scheme suffix in " + entry);
-          opt.bf16_activations = true;
+        // Suffixes: +bf16act, +tileN (CudaOptions::token_tile), in any order.
+        for (size_t p = plus; p != std::string::npos;) {
+          const size_t q = entry.find('+', p + 1);
+          const std::string suf = entry.substr(p + 1, q == std::string::npos ? std::string::npos : q - p - 1);
+          if (suf == "bf16act") opt.bf16_activations = true;
+          else if (suf.rfind("tile", 0) == 0) opt.token_tile = std::stoi(suf.substr(4));
+          else throw qmoe::Error("unknown scheme suffix '" + suf + "' in " + entry);
+          p = q;
         }
         const qmoe::SchemeInfo& sc = qmoe::scheme_by_name(scname);
         qmoe::ActivationSpec act;  // SiLU, no biases (as the vLLM anchors were measured)

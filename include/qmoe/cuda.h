@@ -34,7 +34,7 @@ struct CudaOptions {
   // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once
   // (vLLM's precision, rel-L2 ~1e-3) instead of the exact bf16 hi + lo split (2 MMAs).
   bool bf16_activations = false;
-  int token_tile = 0;  // tokens per GEMM tile: 16, 64 or 128; 0 = chosen from tokens per expert
+  int token_tile = 0;  // tokens per GEMM tile: 8, 16, 64 or 128; 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   int device = 0;
 };

@@ -47,9 +47,15 @@ inline int scale_bytes_per_stage(WFmt f) {
 // FP4 weights (MXFP4, NVFP4) are stored per (128-row, 128-K) stage in MMA-fragment order: 8 KB =
 // [warp 4][q 4][lane 32][j 4] 32-bit words; word (w, q, lane, j) is fragment f = 4q + j
 // (m-fragment f / 8, k16 step f % 8) of lane (g = lane / 4, c = lane % 4) and holds the 8 codes
-// e[r0][2c], e[r0][2c+1], e[r1][2c], e[r1][2c+1], e[r0][2c+8], e[r0][2c+9], e[r1][2c+8], e[r1][2c+9]
-// (nibbles 0..7), r0 = 32w + 16·(f/8) + g, r1 = r0 + 8, k relative to 16·(f % 8).
+// of registers a0..a3: e[r0][2c, 2c+1], e[r1][2c, 2c+1], e[r0][2c+8, 2c+9], e[r1][2c+8, 2c+9],
+// r0 = 32w + 16·(f/8) + g, r1 = r0 + 8, k relative to 16·(f % 8), at the bit positions of
+// fp4_layout.h; their block scales are stored in its kernel form.
 inline bool fp4_fragment_layout(WFmt f) { return f == WFmt::MXFP4 || f == WFmt::NVFP4; }
+// FP8 weights likewise, 16 KB per stage = [warp 4][q 8][lane 32][4] 32-bit words; word f = 4q + j
+// of a lane is (m-fragment mt = f / 16, k16 step kk = (f / 2) % 8, p = f % 2) and holds the e4m3
+// codes of registers a(2p) (low 16 bits) and a(2p+1): p = 0: e[r0][2c, 2c+1], e[r1][2c, 2c+1];
+// p = 1: the same at k + 8 (each pair low element first, decoded by cvt.rn.f16x2.e4m3x2).
+inline bool fp8_fragment_layout(WFmt f) { return f == WFmt::FP8; }
 
 // One grouped GEMM over the routed slots: for every tile (local expert e, rows m0.. of its slot
 // list) and 128 weight rows n0.., out[split][slot][n] = escale[e] · colscale[e][n] · rowscale[arow]
@@ -148,7 +154,8 @@ void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int
                     cudaStream_t s);
 
 // Random fill for benchmarks (device): bytes in [lo, hi] after masking per format, see random_init.cu.
-enum class RandKind : int { Bytes, Fp8Codes, Bf16Values, E8M0Scales, Fp8Scales, F32Values };
+// Nvfp4KernelScales: E4M3 scales in [lo, hi] in the GEMM's kernel form (fp4_layout.h).
+enum class RandKind : int { Bytes, Fp8Codes, Bf16Values, E8M0Scales, Fp8Scales, Nvfp4KernelScales, F32Values };
 void launch_random_fill(void* p, int64_t count, RandKind kind, uint64_t seed, float lo, float hi, cudaStream_t s);
 
 }  // namespace qmoe::cuda

@@ -57,6 +57,10 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t v, __nv_bfloat162 m) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+__device__ __forceinline__ uint32_t bf16x2_mul_bits(uint32_t v, uint32_t m) {
+  return bf16x2_mul(v, *reinterpret_cast<const __nv_bfloat162*>(&m));
+}
+
 // E8M0 byte → bf16x2 (2^(s−127) in both halves; s = 0: the bf16 subnormal 2^−127; 255: NaN).
 __device__ __forceinline__ __nv_bfloat162 e8m0_to_bf16x2(uint32_t s) {
   const uint32_t b = s == 0u ? 0x0040u : s == 255u ? 0x7FC0u : (s << 7);

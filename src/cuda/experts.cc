@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.h"
+#include "cuda/fp4_layout.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
 
@@ -88,6 +89,7 @@ struct DevWeights {
   DevBuf w, scales, colscale, escale, bias;
   int N = 0, K = 0, Npad = 0, Kpad = 0, Kt = 0;
   int64_t row_bytes = 0, expert_stride = 0, sc_expert_stride = 0;
+  std::vector<float> epi;  // per-expert factor the weight layout moved into the epilogue (FP4: 2^c, 2^8)
 };
 
 struct CudaExperts::Impl {
@@ -122,12 +124,22 @@ struct CudaExperts::Impl {
 
 namespace {
 
-// FP4 codes of one expert ([N][K/2] packed rows) → MMA-fragment order per (128-row, 128-K) stage
-// (layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes.
-void repack_fp4_fragments(const uint8_t* src, int N, int K, int ntiles, int Kt, uint8_t* dst) {
+// FP4 codes of one expert ([N][K/2] packed rows) → fragment words per (128-row, 128-K) stage
+// (fp4_layout.h; stage layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes. NVFP4:
+// codes under a zero block scale become +0 and under a negative one change sign, so that the
+// kernel multiplies by the scale's magnitude only (nvfp4_scale_byte).
+void repack_fp4_fragments(const uint8_t* src, const uint8_t* nv_scales, int nb, int N, int K, int ntiles, int Kt,
+                          uint8_t* dst) {
   const int64_t src_row = K / 2;
   auto code = [&](int n, int k) -> uint32_t {
-    return (n < N && k < K) ? fp4_code_at(src + int64_t{n} * src_row, k) : 0u;
+    if (n >= N || k >= K) return 0u;
+    uint32_t c = fp4_code_at(src + int64_t{n} * src_row, k);
+    if (nv_scales) {
+      const uint8_t sc = nv_scales[int64_t{n} * nb + k / kNvfp4Block];
+      if ((sc & 0x7F) == 0) c = 0;
+      else if (sc & 0x80) c ^= 8u;
+    }
+    return c;
   };
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
   for (int nt = 0; nt < ntiles; ++nt)
@@ -135,15 +147,57 @@ void repack_fp4_fragments(const uint8_t* src, int N, int K, int ntiles, int Kt, 
       for (int w = 0; w < 4; ++w)
         for (int q = 0; q < 4; ++q)
           for (int lane = 0; lane < 32; ++lane)
-            for (int j = 0; j < 4; ++j) {
-              const int f = 4 * q + j, mt = f / 8, kk = f % 8, g = lane / 4, c = lane % 4;
-              const int r0 = nt * 128 + 32 * w + 16 * mt + g, r1 = r0 + 8;
+            for (int jw = 0; jw < 4; ++jw) {
+              const int f = 4 * q + jw, mt = f / 8, kk = f % 8, g = lane / 4, c = lane % 4;
+              const int r0 = nt * 128 + 32 * w + 16 * mt + g;
               const int k0 = kt * 128 + 16 * kk + 2 * c;
-              const uint32_t word = code(r0, k0) | code(r0, k0 + 1) << 4 | code(r1, k0) << 8 | code(r1, k0 + 1) << 12 |
-                                    code(r0, k0 + 8) << 16 | code(r0, k0 + 9) << 20 | code(r1, k0 + 8) << 24 |
-                                    code(r1, k0 + 9) << 28;
+              uint32_t word = 0;
+              for (int j = 0; j < 4; ++j)  // a0..a3: rows r0 / r0 + 8, k0 / k0 + 8
+                for (int h = 0; h < 2; ++h)
+                  word |= fp4_frag_place(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), j, h);
               *out++ = word;
             }
+}
+
+// FP8 codes of one expert ([N][K] bytes) → fragment words per (128-row, 128-K) stage
+// (cuda_common.h); rows ≥ N and K ≥ K are zero codes.
+void repack_fp8_fragments(const uint8_t* src, int N, int K, int ntiles, int Kt, uint8_t* dst) {
+  auto code = [&](int n, int k) -> uint32_t { return (n < N && k < K) ? src[int64_t{n} * K + k] : 0u; };
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int nt = 0; nt < ntiles; ++nt)
+    for (int kt = 0; kt < Kt; ++kt)
+      for (int w = 0; w < 4; ++w)
+        for (int q = 0; q < 8; ++q)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int jw = 0; jw < 4; ++jw) {
+              const int f = 4 * q + jw, mt = f / 16, kk = (f / 2) % 8, p = f % 2, g = lane / 4, c = lane % 4;
+              const int r0 = nt * 128 + 32 * w + 16 * mt + g;
+              const int k0 = kt * 128 + 16 * kk + 2 * c + 8 * p;
+              *out++ = code(r0, k0) | code(r0, k0 + 1) << 8 | code(r0 + 8, k0) << 16 | code(r0 + 8, k0 + 1) << 24;
+            }
+}
+
+// MXFP4: the per-expert shift c of fp4_layout.h from the expert's E8M0 bytes ([N][nb]) and codes.
+int mx_fp4_shift(const uint8_t* codes, const uint8_t* scales, int N, int K, int nb, const std::string& what) {
+  int s_max = 0, s_min = 255;
+  for (int n = 0; n < N; ++n)
+    for (int b = 0; b < nb; ++b) {
+      const int s = scales[int64_t{n} * nb + b];
+      if (s == 255)
+        throw Error("CUDA experts: " + what + " holds the E8M0 NaN scale (255) at row " + std::to_string(n) +
+                    ", block " + std::to_string(b));
+      const uint8_t* blk = codes + int64_t{n} * (K / 2) + b * (kMxBlock / 2);
+      bool nonzero = false;
+      for (int i = 0; i < kMxBlock / 2 && !nonzero; ++i) nonzero = (blk[i] & 0x77) != 0;
+      s_max = std::max(s_max, s);
+      if (nonzero) s_min = std::min(s_min, s);
+    }
+  const int c = std::max(0, s_max - 128);
+  if (s_min != 255 && s_min + 5 < c)
+    throw Error("CUDA experts: " + what + " has E8M0 block scales from 2^" + std::to_string(s_min - 127) + " to 2^" +
+                std::to_string(s_max - 127) + "; the CUDA FP4 kernels need them within " +
+                std::to_string(kMxFp4MaxShiftSpan) + " binades");
+  return c;
 }
 
 void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bscale, const Tensor* colscale,
@@ -169,12 +223,41 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
   // Tile-major repack, zero padded (code 0 = +0 in every format): [Npad/128][Kt][128][stage bytes],
   // so that each pipeline stage of a CTA reads one contiguous block.
   const int64_t sb = packed_row_bytes(f, stage_k(f));
+  const int spb = scale_bytes_per_stage(f);
+  const int blk = f == WFmt::NVFP4 ? kNvfp4Block : kMxBlock;
+  const int nb = K / blk;
+  if (spb > 0) {
+    if (!bscale || !bscale->defined()) throw Error("CUDA experts: " + nm + "_weight_scale is missing");
+    if (bscale->ndim() != 3 || bscale->dim(0) != E_loc || bscale->dim(1) != N || bscale->dim(2) != nb ||
+        bscale->nbytes() != static_cast<size_t>(E_loc) * N * nb)
+      throw Error("CUDA experts: " + nm + "_weight_scale has shape " + str(bscale->shape()) + ", expected [" +
+                  std::to_string(E_loc) + ", " + std::to_string(N) + ", " + std::to_string(nb) + "] of bytes");
+  }
+  d.epi.assign(static_cast<size_t>(E_loc), 1.0f);
+  std::vector<int> shift(static_cast<size_t>(E_loc), 0);  // MXFP4: c per expert (fp4_layout.h)
   std::vector<uint8_t> buf(static_cast<size_t>(d.expert_stride));
   for (int e = 0; e < E_loc; ++e) {
     std::fill(buf.begin(), buf.end(), uint8_t{0});
     const uint8_t* src = w.data_as<uint8_t>() + int64_t{e} * N * src_row;
     if (fp4_fragment_layout(f)) {
-      repack_fp4_fragments(src, N, K, d.Npad / kBW, d.Kt, buf.data());
+      const uint8_t* esc = bscale->data_as<uint8_t>() + int64_t{e} * N * nb;
+      const std::string what = nm + "_weight_scale of local expert " + std::to_string(e);
+      if (f == WFmt::MXFP4) {
+        shift[e] = mx_fp4_shift(src, esc, N, K, nb, what);
+        d.epi[e] = std::ldexp(1.0f, shift[e]);
+      } else {
+        for (int64_t i = 0; i < int64_t{N} * nb; ++i)
+          if ((esc[i] & 0x7F) == 0x7F)
+            throw Error("CUDA experts: " + what + " holds an FP8 NaN block scale at row " + std::to_string(i / nb) +
+                        ", block " + std::to_string(i % nb));
+        d.epi[e] = kNvfp4EpilogueScale;
+      }
+      repack_fp4_fragments(src, f == WFmt::NVFP4 ? esc : nullptr, nb, N, K, d.Npad / kBW, d.Kt, buf.data());
+      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
+      continue;
+    }
+    if (fp8_fragment_layout(f)) {
+      repack_fp8_fragments(src, N, K, d.Npad / kBW, d.Kt, buf.data());
       QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
       continue;
     }
@@ -189,15 +272,7 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
     }
     QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
   }
-  const int spb = scale_bytes_per_stage(f);
   if (spb > 0) {
-    const int blk = f == WFmt::NVFP4 ? kNvfp4Block : kMxBlock;
-    const int nb = K / blk;
-    if (!bscale || !bscale->defined()) throw Error("CUDA experts: " + nm + "_weight_scale is missing");
-    if (bscale->ndim() != 3 || bscale->dim(0) != E_loc || bscale->dim(1) != N || bscale->dim(2) != nb ||
-        bscale->nbytes() != static_cast<size_t>(E_loc) * N * nb)
-      throw Error("CUDA experts: " + nm + "_weight_scale has shape " + str(bscale->shape()) + ", expected [" +
-                  std::to_string(E_loc) + ", " + std::to_string(N) + ", " + std::to_string(nb) + "] of bytes");
     // Regroup per 64-K stage: [Kt][Npad][spb], so one stage of 128 rows is contiguous.
     d.sc_expert_stride = int64_t{d.Kt} * d.Npad * spb;
     d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * E_loc);
@@ -209,7 +284,11 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
         for (int n = 0; n < N; ++n)
           for (int j = 0; j < spb; ++j) {
             const int b = kt * spb + j;
-            if (b < nb) sbuf[(static_cast<size_t>(kt) * d.Npad + n) * spb + j] = src[(int64_t{e} * N + n) * nb + b];
+            if (b >= nb) continue;
+            uint8_t v = src[(int64_t{e} * N + n) * nb + b];
+            if (f == WFmt::MXFP4) v = mx_fp4_scale_byte(v, shift[e]);  // kernel form (fp4_layout.h)
+            else if (f == WFmt::NVFP4) v = (v & 0x7F) == 0 ? uint8_t{0} : nvfp4_scale_byte(v);
+            sbuf[(static_cast<size_t>(kt) * d.Npad + n) * spb + j] = v;
           }
       QMOE_CUDA_CHECK(cudaMemcpy(d.scales.as<uint8_t>() + e * d.sc_expert_stride, sbuf.data(), sbuf.size(),
                                  cudaMemcpyHostToDevice));
@@ -308,8 +387,9 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   int dev_sms = 0;
   QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, opt.device));
   m.num_sms = dev_sms > 0 ? dev_sms : 132;
-  if (opt.token_tile != 0 && opt.token_tile != 16 && opt.token_tile != 64 && opt.token_tile != 128)
-    throw Error("CUDA experts: token_tile must be 0, 16, 64 or 128, got " + std::to_string(opt.token_tile));
+  if (opt.token_tile != 0 && opt.token_tile != 8 && opt.token_tile != 16 && opt.token_tile != 64 &&
+      opt.token_tile != 128)
+    throw Error("CUDA experts: token_tile must be 0, 8, 16, 64 or 128, got " + std::to_string(opt.token_tile));
   if (opt.ksplit < 0 || opt.ksplit > kMaxSplit)
     throw Error("CUDA experts: ksplit must be in [0, " + std::to_string(kMaxSplit) + "], got " + std::to_string(opt.ksplit));
 }
@@ -370,8 +450,12 @@ CudaExperts::CudaExperts(const ExpertParams& p, const CudaOptions& opt) : impl_(
   if (act_is_static(s.act) && !(m.a13 > 0.0f && m.a2 > 0.0f && std::isfinite(m.a13) && std::isfinite(m.a2)))
     throw Error("CUDA experts: scheme " + std::string(s.name) + " needs positive static activation scales, found a13=" +
                 std::to_string(m.a13) + " a2=" + std::to_string(m.a2));
-  const auto f13 = expert_factors(p, p.w13_weight_scale, p.w13_weight_scale_2, m.a13, "w13");
-  const auto f2 = expert_factors(p, p.w2_weight_scale, p.w2_weight_scale_2, m.a2, "w2");
+  auto f13 = expert_factors(p, p.w13_weight_scale, p.w13_weight_scale_2, m.a13, "w13");
+  auto f2 = expert_factors(p, p.w2_weight_scale, p.w2_weight_scale_2, m.a2, "w2");
+  for (int e = 0; e < m.E_loc; ++e) {
+    f13[e] *= m.w13.epi[e];
+    f2[e] *= m.w2.epi[e];
+  }
   m.w13.escale.alloc(sizeof(float) * m.E_loc, false);
   m.w2.escale.alloc(sizeof(float) * m.E_loc, false);
   QMOE_CUDA_CHECK(cudaMemcpy(m.w13.escale.get(), f13.data(), sizeof(float) * m.E_loc, cudaMemcpyHostToDevice));
@@ -415,9 +499,11 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
       d.sc_expert_stride = int64_t{d.Kt} * d.Npad * spb;
       d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * m.E, false);
       if (m.wf == WFmt::NVFP4) {
-        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::Fp8Scales, ++sd, 0.5f, 2.0f, nullptr);
+        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::Nvfp4KernelScales, ++sd, 0.5f, 2.0f,
+                           nullptr);
       } else {
-        const float c = 127.0f + std::round(std::log2(amp / 2.5f));
+        // E8M0 bytes c ± 1 (≤ 128: shift 0); FP4 stores them in kernel form s + 126 (fp4_layout.h).
+        const float c = 127.0f + std::round(std::log2(amp / 2.5f)) + (m.wf == WFmt::MXFP4 ? 126.0f : 0.0f);
         launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::E8M0Scales, ++sd, c - 1, c + 1, nullptr);
       }
     }
@@ -428,7 +514,8 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
     }
     std::vector<float> f(static_cast<size_t>(m.E), 1.0f);
     if (s.weight_scale == WeightScale::PerTensor) std::fill(f.begin(), f.end(), amp / 64);
-    if (s.weight_scale == WeightScale::Nvfp4) std::fill(f.begin(), f.end(), amp / 2.5f * 672.0f / 4.0f);
+    if (s.weight_scale == WeightScale::Nvfp4)
+      std::fill(f.begin(), f.end(), amp / 2.5f * 672.0f / 4.0f * kNvfp4EpilogueScale);
     d.escale.alloc(sizeof(float) * m.E, false);
     QMOE_CUDA_CHECK(cudaMemcpy(d.escale.get(), f.data(), sizeof(float) * m.E, cudaMemcpyHostToDevice));
   };
@@ -457,7 +544,11 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   const int TK = T * K;
   const int active = std::max(1, std::min(TK, E_loc));
   const double avg = static_cast<double>(TK) / active;
-  pl.bt = opt.token_tile ? opt.token_tile : avg <= 16 ? 16 : avg <= 64 ? 64 : 128;
+  // Token tile from the mean tokens per active expert. An expert with more tokens than the tile
+  // streams its weights once per tile, so the tile sits well above the mean (the per-expert
+  // counts of random routing spread around it); an 8-token tile halves the MMAs of the
+  // memory-bound decode kernels (measured, bench/RESULTS.md 2026-12-01).
+  pl.bt = opt.token_tile ? opt.token_tile : avg <= 4 ? 8 : avg <= 24 ? 16 : avg <= 96 ? 64 : 128;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
   const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);
   pl.ks1 = choose_split(est_tiles * (w13.Npad / kBW), w13.Kt, TK);
@@ -475,7 +566,7 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.max_K = std::max(top_k, m.max_K);
   const int64_t TK = int64_t{m.max_T} * m.max_K;
   m.cap_rows = static_cast<int>(std::max<int64_t>(TK, std::min<int64_t>(kMaxSplit * TK, 1024)));
-  const int64_t max_tiles = std::min<int64_t>(TK, m.E_loc) + (TK + 15) / 16;
+  const int64_t max_tiles = std::min<int64_t>(TK, m.E_loc) + (TK + 7) / 8;  // smallest token tile: 8
   m.slot_local.alloc(sizeof(int32_t) * TK);
   m.sorted_slots.alloc(sizeof(int32_t) * TK);
   m.counts.alloc(sizeof(int32_t) * m.E_loc);

@@ -26,6 +26,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
+#include "cuda/fp4_layout.h"
 
 namespace qmoe::cuda {
 
@@ -49,6 +50,17 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
+}
+// B operand of 16 tokens (x4: r[0..1] tokens 0–7, r[2..3] tokens 8–15) or, for an 8-token tile,
+// of 8 (x2: r[0..1]; the addresses of lanes 0–15 are read).
+template <int BT>
+__device__ __forceinline__ void ldsm_b(uint32_t (&r)[4], const void* p) {
+  if constexpr (BT >= 16) {
+    ldsm_x4(r, p);
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+    r[2] = r[3] = 0;
+  }
 }
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -89,7 +101,7 @@ struct WTraits;
 // decoded straight into the A fragments in registers, with no 16-bit tile in shared memory.
 template <> struct WTraits<WFmt::BF16> { static constexpr int kBK = 64, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
 template <> struct WTraits<WFmt::INT8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
-template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = true, kRegDecode = false; };
+template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 128, kScale = 0; static constexpr bool kDecode = false, kRegDecode = true; };
 template <> struct WTraits<WFmt::MXFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 4; static constexpr bool kDecode = false, kRegDecode = true; };
 template <> struct WTraits<WFmt::MXFP6_E2M3> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
 template <> struct WTraits<WFmt::MXFP6_E3M2> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
@@ -109,12 +121,13 @@ struct GemmCfg {
   static constexpr int kStageBytes = kWStage + kSStage + kAStage;
   static constexpr int kDecStride = 2 * kBK + 16;      // decoded 16-bit tile row stride
   static constexpr int kDecBytes = WT::kDecode ? kBW * kDecStride : 0;
-  // Register-decode stages are small: spend less shared memory so that 3–4 CTAs share an SM.
-  static constexpr int kBudget = WT::kRegDecode ? 64 * 1024 : 110 * 1024;
+  // FP4 register-decode stages are small: spend less shared memory so that 4–5 CTAs share an
+  // SM; FP8 (16 KB of weights per stage) takes 4 stages, 2 CTAs per SM.
+  static constexpr int kBudget = WF == WFmt::FP8 ? 96 * 1024 : WT::kRegDecode ? 48 * 1024 : 110 * 1024;
   static constexpr int kStagesFit = (kBudget - kDecBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > 8 ? 8 : kStagesFit);
   static constexpr int kSmem = kStages * kStageBytes + kDecBytes;
-  static_assert(BT % 16 == 0, "token tile must be a multiple of 16");
+  static_assert(BT == 8 || BT % 16 == 0, "token tile must be 8 or a multiple of 16");
   static_assert(kWStage % 16 == 0 && kSStage % 16 == 0 && kAStage % 16 == 0, "16-byte aligned stages");
 };
 
@@ -163,6 +176,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   using C = GemmCfg<WF, BT, SPLIT>;
   using WT = typename C::WT;
   constexpr int NT = BT / 8;  // 8-token MMA fragments
+  constexpr int NP = BT >= 16 ? BT / 16 : 1;  // B-operand loads per k step
   constexpr bool kF16 = WF == WFmt::FP8;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_arow[BT];
@@ -192,27 +206,65 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
   __syncthreads();
 
+  // Copy plan of one stage, with compile-time trip counts so that the copies unroll into bare
+  // cp.async with constant offsets (a run-time loop here cost more issue slots than the MMAs).
+  // Weights: kWPer 16-byte chunks per thread (kBW = 128 rows = one row per thread per chunk row).
+  constexpr int kWChunksRow = WT::kRaw / 16;
+  constexpr int kWPer = kBW * kWChunksRow / kGemmThreads;
+  static_assert(kBW * kWChunksRow % kGemmThreads == 0, "weight chunks per thread");
+  // Activations: BT rows of kARaw bytes; chunk c = tid + i·128 is row c / kAChunksRow.
+  constexpr int kAChunksRow = C::kARaw / 16;
+  constexpr int kAChunks = BT * kAChunksRow;
+  constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
+  // Source offset (bytes, stage 0) and destination of each of this thread's activation chunks,
+  // kept in registers for the small (decode) tiles, re-read from s_arow for the large ones;
+  // rows past the tile's token count are zero-filled.
+  constexpr bool kAReg = kAPer <= 4;
+  auto a_chunk = [&](int i, int64_t& src, int& dst, bool& ok) {
+    const int c = tid + i * kGemmThreads;
+    const int r = c / kAChunksRow, q = c % kAChunksRow;
+    const int arow = c < kAChunks ? s_arow[r] : -1;
+    ok = arow >= 0;
+    src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + q * 16;
+    dst = r * C::kAStride + q * 16;
+  };
+  int64_t a_src[kAReg ? kAPer : 1];
+  int a_dst[kAReg ? kAPer : 1];
+  bool a_ok[kAReg ? kAPer : 1];
+  if constexpr (kAReg) {
+#pragma unroll
+    for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i]);
+  }
+  const uint8_t* wsrc = wbase + tid * 16;
   auto load_stage = [&](int buf, int kt) {
     uint8_t* st = smem + buf * C::kStageBytes;
-    constexpr int kWChunksRow = WT::kRaw / 16;
+    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
 #pragma unroll
-    for (int c = tid; c < kBW * kWChunksRow; c += kGemmThreads) {
+    for (int i = 0; i < kWPer; ++i) {
+      const int c = tid + i * kGemmThreads;
       const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + r * WT::kStride + q * 16, wbase + static_cast<int64_t>(kt) * (kBW * WT::kRaw) + c * 16);
+      cp_async16(st + r * WT::kStride + q * 16, wk + i * kGemmThreads * 16);
     }
     if constexpr (WT::kScale > 0) {
+      static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
       const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
-      for (int c = tid; c < C::kSStage / 16; c += kGemmThreads) cp_async16(st + C::kWStage + c * 16, src + c * 16);
+      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, src + tid * 16);
     }
-    constexpr int kAChunksRow = C::kARaw / 16;
     uint8_t* adst = st + C::kWStage + C::kSStage;
-    for (int c = tid; c < BT * kAChunksRow; c += kGemmThreads) {
-      const int r = c / kAChunksRow, q = c % kAChunksRow;
-      const int arow = s_arow[r];
-      const int64_t off = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + static_cast<int64_t>(kt) * C::kARaw + q * 16;
-      cp_async16_zfill(adst + r * C::kAStride + q * 16, abase_hi + off, arow >= 0);
-      if constexpr (SPLIT)
-        cp_async16_zfill(adst + BT * C::kAStride + r * C::kAStride + q * 16, abase_lo + off, arow >= 0);
+    const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
+#pragma unroll(kAReg ? kAPer : 2)
+    for (int i = 0; i < kAPer; ++i) {
+      if (kAChunks % kGemmThreads != 0 && tid + i * kGemmThreads >= kAChunks) break;
+      int64_t src;
+      int dst;
+      bool ok;
+      if constexpr (kAReg) {
+        src = a_src[i], dst = a_dst[i], ok = a_ok[i];
+      } else {
+        a_chunk(i, src, dst, ok);
+      }
+      cp_async16_zfill(adst + dst, abase_hi + src + koff, ok);
+      if constexpr (SPLIT) cp_async16_zfill(adst + BT * C::kAStride + dst, abase_lo + src + koff, ok);
     }
   };
 
@@ -255,8 +307,45 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
       wstride = WT::kStride;
     }
     const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
-    const int brow_l = (lane & 7) + (lane >> 4) * 8;        // ldmatrix row of the token fragment
-    if constexpr (WT::kRegDecode) {
+    const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
+    if constexpr (WF == WFmt::FP8) {
+      (void)wt;
+      (void)wstride;
+      (void)arow_l;
+      // This warp's 32 fragment words (2 m-fragments × 8 k16 steps × 2), 8 × 16 B per lane; word
+      // 2·(mt·8 + kk) + p holds registers a(2p), a(2p+1) as e4m3 pairs (cuda_common.h).
+      uint32_t wv[32];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const uint4 v = *reinterpret_cast<const uint4*>(st + warp * 4096 + (q * 32 + lane) * 16);
+        wv[4 * q] = v.x;
+        wv[4 * q + 1] = v.y;
+        wv[4 * q + 2] = v.z;
+        wv[4 * q + 3] = v.w;
+      }
+#pragma unroll
+      for (int kk = 0; kk < C::kBK / 16; ++kk) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int f = 2 * (mt * 8 + kk);
+          af[mt][0] = e4m3x2_to_f16x2(wv[f] & 0xFFFFu);
+          af[mt][1] = e4m3x2_to_f16x2(wv[f] >> 16);
+          af[mt][2] = e4m3x2_to_f16x2(wv[f + 1] & 0xFFFFu);
+          af[mt][3] = e4m3x2_to_f16x2(wv[f + 1] >> 16);
+        }
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+          uint32_t bf[4];
+          ldsm_b<BT>(bf, at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_f16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+            if constexpr (BT >= 16) mma_f16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    } else if constexpr (WT::kRegDecode) {
       (void)wt;
       (void)wstride;
       (void)arow_l;
@@ -270,9 +359,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         wv[4 * q + 2] = v.z;
         wv[4 * q + 3] = v.w;
       }
-      // Block scales of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8).
+      // Block-scale words of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8), in
+      // the kernel form of fp4_layout.h.
       const uint8_t* sc = st + C::kWStage;
       constexpr int kSW = WT::kScale / 4;  // scale words per row
+      constexpr bool kNv = WF == WFmt::NVFP4;
       uint32_t sw[2][2][kSW];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
@@ -283,42 +374,36 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
             sw[mt][hh][i] = reinterpret_cast<const uint32_t*>(sc + (warp * 32 + mt * 16 + (lane >> 2) + hh * 8) * WT::kScale)[i];
 #pragma unroll
       for (int kk = 0; kk < C::kBK / 16; ++kk) {
+        const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block
         uint32_t af[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          __nv_bfloat162 m[2];
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int blk = WF == WFmt::MXFP4 ? kk / 2 : kk;  // 32- / 16-element scale block
-            const uint32_t b = (sw[mt][hh][blk / 4] >> (8 * (blk % 4))) & 0xFFu;
-            m[hh] = WF == WFmt::MXFP4 ? e8m0_to_bf16x2(b) : __float2bfloat162_rn(fp8_e4m3_to_f32(b));
-          }
-          const uint32_t word = wv[mt * 8 + kk];
-          uint32_t a0, a1, a2, a3;
-          e2m1x4_to_bf16x4(word, a0, a1);
-          e2m1x4_to_bf16x4(word >> 16, a2, a3);
-          af[mt][0] = bf16x2_mul(a0, m[0]);
-          af[mt][1] = bf16x2_mul(a1, m[1]);
-          af[mt][2] = bf16x2_mul(a2, m[0]);
-          af[mt][3] = bf16x2_mul(a3, m[1]);
+          const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
+          const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
+          uint32_t o[4];
+          fp4_frag_decode(wv[mt * 8 + kk], o);  // e2m1 · 2^−126, exact
+          af[mt][0] = bf16x2_mul_bits(o[0], m0);
+          af[mt][1] = bf16x2_mul_bits(o[1], m1);
+          af[mt][2] = bf16x2_mul_bits(o[2], m0);
+          af[mt][3] = bf16x2_mul_bits(o[3], m1);
         }
 #pragma unroll
-        for (int np = 0; np < BT / 16; ++np) {
+        for (int np = 0; np < NP; ++np) {
           uint32_t bf[4];
           const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
-          ldsm_x4(bf, bp);
+          ldsm_b<BT>(bf, bp);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             mma_bf16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            mma_bf16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+            if constexpr (BT >= 16) mma_bf16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
           }
           if constexpr (SPLIT) {
             uint32_t bl[4];
-            ldsm_x4(bl, bp + BT * C::kAStride);
+            ldsm_b<BT>(bl, bp + BT * C::kAStride);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               mma_bf16(acc[mt][2 * np], af[mt], bl[0], bl[1]);
-              mma_bf16(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
+              if constexpr (BT >= 16) mma_bf16(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
             }
           }
         }
@@ -331,13 +416,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         for (int mt = 0; mt < 2; ++mt)
           ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + kk * 32 + (lane >> 4) * 16);
 #pragma unroll
-        for (int np = 0; np < BT / 16; ++np) {
+        for (int np = 0; np < NP; ++np) {
           uint32_t bf[4];
-          ldsm_x4(bf, at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16);
+          ldsm_b<BT>(bf, at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             mma_s8(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            mma_s8(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+            if constexpr (BT >= 16) mma_s8(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
           }
         }
       }
@@ -349,22 +434,22 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         for (int mt = 0; mt < 2; ++mt)
           ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + (kk * 16 + (lane >> 4) * 8) * 2);
 #pragma unroll
-        for (int np = 0; np < BT / 16; ++np) {
+        for (int np = 0; np < NP; ++np) {
           uint32_t bf[4];
           const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
-          ldsm_x4(bf, bp);
+          ldsm_b<BT>(bf, bp);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             mma_16<kF16>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+            if constexpr (BT >= 16) mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
           }
           if constexpr (SPLIT) {
             uint32_t bl[4];
-            ldsm_x4(bl, bp + BT * C::kAStride);
+            ldsm_b<BT>(bl, bp + BT * C::kAStride);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               mma_16<kF16>(acc[mt][2 * np], af[mt], bl[0], bl[1]);
-              mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
+              if constexpr (BT >= 16) mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
             }
           }
         }
@@ -415,6 +500,7 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   switch (bt) {
+    case 8: launch_gemm_t<WF, 8, SPLIT>(a, grid, s); break;
     case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
     case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
     default: launch_gemm_t<WF, 128, SPLIT>(a, grid, s); break;

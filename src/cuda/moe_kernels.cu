@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "cuda/cuda_common.h"
+#include "cuda/fp4_layout.h"
 #include "cuda/row_quant.cuh"
 
 namespace qmoe::cuda {
@@ -281,6 +282,11 @@ __global__ void random_fill_kernel(void* p, int64_t count, RandKind kind, uint64
       case RandKind::Bf16Values: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
       case RandKind::E8M0Scales: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(lo + static_cast<float>(r % static_cast<uint64_t>(hi - lo + 1))); break;
       case RandKind::Fp8Scales: static_cast<uint8_t*>(p)[i] = fp8_e4m3_encode(v); break;
+      case RandKind::Nvfp4KernelScales: {
+        const uint8_t c = fp8_e4m3_encode(v);
+        static_cast<uint8_t*>(p)[i] = (c & 0x7F) == 0 ? uint8_t{0} : nvfp4_scale_byte(c);
+        break;
+      }
       case RandKind::F32Values: static_cast<float*>(p)[i] = v; break;
     }
   }

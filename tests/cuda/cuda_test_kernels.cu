@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cuda/decode.cuh"
+#include "cuda/fp4_layout.h"
 #include "cuda/row_quant.cuh"
 
 namespace qmoe::cuda::test {
@@ -35,6 +36,15 @@ __global__ void k_fp4(const uint32_t* w, const float* mul, uint32_t* out, int un
   uint32_t o[16];
   decode_fp4_x32(in, mul[2 * u], mul[2 * u + 1], o);
   for (int i = 0; i < 16; ++i) out[16 * u + i] = o[i];
+}
+template <bool kNv>
+__global__ void k_fp4_frag(const uint32_t* w, const uint32_t* sw, int sbyte, uint32_t* out, int n) {
+  const int u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= n) return;
+  uint32_t o[4];
+  fp4_frag_decode(w[u], o);
+  const uint32_t m = fp4_scale_bf16x2<kNv>(sw[u], sbyte);
+  for (int j = 0; j < 4; ++j) out[4 * u + j] = bf16x2_mul_bits(o[j], m);
 }
 template <bool kE3M2>
 __global__ void k_fp6(const uint32_t* w, const float* mul, uint32_t* out, int units) {
@@ -87,6 +97,20 @@ std::vector<uint32_t> decode_fp4_units(const std::vector<uint32_t>& words, const
   QMOE_CUDA_CHECK(cudaGetLastError());
   auto r = from_device(o, 16 * static_cast<size_t>(units));
   cudaFree(w); cudaFree(m); cudaFree(o);
+  return r;
+}
+
+std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_t>& words,
+                                           const std::vector<uint32_t>& scale_words, int scale_byte) {
+  const int n = static_cast<int>(words.size());
+  uint32_t* w = to_device(words);
+  uint32_t* sw = to_device(scale_words);
+  uint32_t* o = to_device(std::vector<uint32_t>(4 * static_cast<size_t>(n)));
+  if (nvfp4) k_fp4_frag<true><<<(n + 127) / 128, 128>>>(w, sw, scale_byte, o, n);
+  else k_fp4_frag<false><<<(n + 127) / 128, 128>>>(w, sw, scale_byte, o, n);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+  auto r = from_device(o, 4 * static_cast<size_t>(n));
+  cudaFree(w); cudaFree(sw); cudaFree(o);
   return r;
 }
 

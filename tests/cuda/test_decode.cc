@@ -7,6 +7,7 @@
 #include <random>
 
 #include "cpu/ref/ref_ops.h"
+#include "cuda/fp4_layout.h"
 #include "cuda_test_kernels.h"
 #include "qmoe/cuda.h"
 #include "qmoe/formats.h"
@@ -59,6 +60,53 @@ TEST(CudaDecode, Fp4AllBytesTimesScales) {
       const float want = fp4_e2m1_decode(fp4_code_at(bytes.data() + u * 16, i)) * muls[2 * u + (i >= 16)];
       ASSERT_TRUE(same(elem(out, u, i), want)) << "unit " << u << " element " << i << " scale " << muls[2 * u];
     }
+}
+
+// The GEMM's register decode on the device (bf16x2 multiplies with subnormal inputs included):
+// every code in every position, times every MXFP4 kernel scale byte of shifts 0 and 5 and every
+// finite NVFP4 scale.
+TEST(CudaDecode, Fp4FragmentsTimesKernelScales) {
+  SKIP_WITHOUT_GPU();
+  for (const bool nv : {false, true}) {
+    std::vector<uint32_t> words, sws;
+    std::vector<float> want;  // 8 per word, in register order (a_j low, a_j high)
+    std::vector<int> scodes;
+    if (nv) {
+      for (int c = 1; c < 0x7F; ++c) scodes.push_back(c);
+    } else {
+      for (int s = 0; s < 255; ++s) scodes.push_back(s);
+    }
+    for (int shift : nv ? std::vector<int>{0} : std::vector<int>{0, 5}) {
+      for (int sc : scodes) {
+        if (!nv && (sc > 128 + shift || sc + 5 < shift)) continue;
+        const uint8_t kb = nv ? nvfp4_scale_byte(static_cast<uint8_t>(sc)) : mx_fp4_scale_byte(static_cast<uint8_t>(sc), shift);
+        const float scale = nv ? fp8_e4m3_decode(static_cast<uint8_t>(sc)) / kNvfp4EpilogueScale
+                               : std::ldexp(e8m0_decode(static_cast<uint8_t>(sc)), -shift);
+        for (int rot = 0; rot < 16; ++rot) {  // every code in every one of the 8 positions
+          uint32_t w = 0;
+          float v[8];
+          for (int j = 0; j < 4; ++j)
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t code = static_cast<uint32_t>(rot + 3 * (2 * j + h)) & 15u;
+              w |= fp4_frag_place(code, j, h);
+              v[2 * j + h] = fp4_e2m1_decode(static_cast<uint8_t>(code)) * scale;
+            }
+          words.push_back(w);
+          sws.push_back(static_cast<uint32_t>(kb) << 16);  // scale byte 2 of the word
+          want.insert(want.end(), v, v + 8);
+        }
+      }
+    }
+    const auto out = decode_fp4_fragments(nv, words, sws, 2);
+    for (size_t i = 0; i < words.size(); ++i)
+      for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const float got = h ? bf16_hi(out[4 * i + j]) : bf16_lo(out[4 * i + j]);
+          ASSERT_TRUE(same(got, want[8 * i + 2 * j + h]))
+              << (nv ? "nvfp4" : "mxfp4") << " word " << i << " register " << j << " half " << h << ": got " << got
+              << ", want " << want[8 * i + 2 * j + h];
+        }
+  }
 }
 
 class CudaDecodeFp6 : public ::testing::TestWithParam<bool> {};

@@ -1,0 +1,86 @@
+// FP4 (E2M1) weights as the CUDA GEMM kernels store and decode them: the bit layout of a
+// fragment word and the kernel form of the block scales. Host and device (QMOE_HD), no CUDA
+// headers, so that the CPU tests check every code and scale byte in CI (tests/formats).
+//
+// Decode. An E2M1 code s·e1·e0·m read as bf16 with e1 e0 m at bits 8..6 and s at bit 15 is
+// exactly e2m1 · 2^−126 (e = 0 gives the bf16 subnormal m · 2^−127 = (m · 0.5) · 2^−126). So a
+// bf16x2 operand of two codes is a shift and a mask of the stored word (at most 2 integer ops)
+// and one bf16x2 multiply by the block scale, pre-multiplied by 2^126 (all exact: the products
+// have ≤ 6 significant bits and stay in the bf16 normal range, see the scale forms below).
+//
+// Fragment word (32 bits, 8 codes) = the four bf16x2 registers a0..a3 of one lane's
+// m16n8k16 A fragment: a0 = (row g, k 2c, 2c+1), a1 = (row g+8, same k), a2 = (row g, k 2c+8,
+// 2c+9), a3 = (row g+8, k 2c+8, 2c+9). Register j's low / high element keeps its 3 magnitude
+// bits from bit kFp4MagBit[j][·] up and its sign at kFp4SignBit[j][·]; the positions are chosen
+// so that a0 is w & M, a1 (w << 3) & M, and a2 / a3 one shift for the signs and one for the
+// magnitudes (fp4_frag_decode). No single shift-and-mask per register can cover all 32 bits
+// (the 8-bit mask 0x81C081C0 does not tile a 32-bit word), hence the two-shift registers.
+//
+// Block scales, one byte per block in the kernel's scale stream, turned into a bf16x2 multiplier
+// by one byte permute and one shift (or multiply-add):
+//  * MXFP4 (E8M0 s, 2^(s−127)): byte f = s + 126 − c, multiplier bits f << 7 = 2^(s−1−c); the
+//    per-expert shift c ≥ 0 keeps f ≤ 254 (c = max(0, s_max − 128)) and moves 2^c into the
+//    expert's fp32 epilogue factor. Products e2m1 · 2^(s−127−c) are exact while
+//    s_min + 5 ≥ c (mx_fp4_shift checks it; blocks whose codes are all ±0 don't count).
+//  * NVFP4 (E4M3 scale v ∈ [2^−9, 448]): multiplier v · 2^118 (bf16 exponent field F ∈ [236,
+//    253], 3 mantissa bits m); byte = (F − 236) << 3 | m, bits = (byte << 4) + (236 << 7). The
+//    2^−8 left over goes into the epilogue factor (kNvfp4EpilogueScale). A zero scale becomes
+//    zero codes (byte 0), a negative one flips the block's code signs at repack.
+#pragma once
+
+#include <cstdint>
+
+#include "qmoe/formats.h"
+
+namespace qmoe::cuda {
+
+constexpr int kFp4MagBit[4][2] = {{6, 22}, {3, 19}, {0, 16}, {9, 25}};
+constexpr int kFp4SignBit[4][2] = {{15, 31}, {12, 28}, {13, 29}, {14, 30}};
+
+// Place code (4 bits) as element h (0 = low, 1 = high half) of register j in a fragment word
+// (host: the upload's repack and the tests).
+inline uint32_t fp4_frag_place(uint32_t code, int j, int h) {
+  return ((code & 7u) << kFp4MagBit[j][h]) | (((code >> 3) & 1u) << kFp4SignBit[j][h]);
+}
+
+// Fragment word → a0..a3 as bf16x2 bit patterns of e2m1 · 2^−126.
+QMOE_HD void fp4_frag_decode(uint32_t w, uint32_t (&o)[4]) {
+  constexpr uint32_t kM = 0x81C081C0u, kMag = 0x01C001C0u, kSign = 0x80008000u;
+  o[0] = w & kM;
+  o[1] = (w << 3) & kM;
+  o[2] = ((w << 2) & kSign) | ((w << 6) & kMag);
+  o[3] = ((w << 1) & kSign) | ((w >> 3) & kMag);
+}
+
+// ---- block scales -------------------------------------------------------------------------
+constexpr uint32_t kNvfp4ScaleBase = 236;           // bf16 exponent field of byte 0
+constexpr float kNvfp4EpilogueScale = 256.0f;        // 2^8
+constexpr int kMxFp4MaxShiftSpan = 133;              // s_max − s_min allowed (see above)
+
+// Kernel byte of an E8M0 block scale s (s ≠ 255) under the expert's shift c.
+QMOE_HD uint8_t mx_fp4_scale_byte(uint8_t s, int c) { return static_cast<uint8_t>(int{s} + 126 - c); }
+
+// Kernel byte of a finite, non-zero NVFP4 E4M3 scale magnitude (code & 0x7F in 0x01..0x7E).
+QMOE_HD uint8_t nvfp4_scale_byte(uint8_t code) {
+  const float v = fp8_e4m3_decode(static_cast<uint8_t>(code & 0x7F)) * 0x1p118f;  // exact, normal
+  const uint32_t b = f32_to_bits(v);
+  const uint32_t F = ((b >> 23) & 0xFF);  // fp32 and bf16 share the exponent field
+  const uint32_t m = (b >> 20) & 7u;      // ≤ 4 significant bits in an E4M3 value
+  return static_cast<uint8_t>(((F - kNvfp4ScaleBase) << 3) | m);
+}
+
+// bf16x2 multiplier bits of kernel scale byte i (0..3) of a 32-bit scale word.
+template <bool kNvfp4>
+QMOE_HD uint32_t fp4_scale_bf16x2(uint32_t word, int i) {
+  // Byte i into bytes 0 and 2, zeros elsewhere (one byte permute on the device).
+#if defined(__CUDA_ARCH__)
+  const uint32_t x = __byte_perm(word, 0u, 0x4040u | static_cast<uint32_t>(i) | (static_cast<uint32_t>(i) << 8));
+#else
+  const uint32_t b = (word >> (8 * i)) & 0xFFu;
+  const uint32_t x = b | (b << 16);
+#endif
+  if constexpr (kNvfp4) return (x << 4) + ((kNvfp4ScaleBase << 7) | (kNvfp4ScaleBase << 23));
+  else return x << 7;
+}
+
+}  // namespace qmoe::cuda
