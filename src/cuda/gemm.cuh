@@ -27,6 +27,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
 #include "cuda/fp4_layout.h"
+#include "cuda/launch.cuh"
 
 namespace qmoe::cuda {
 
@@ -183,13 +184,15 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   __shared__ int s_slot[BT];
 
   const int tile = blockIdx.x;
-  if (tile >= *a.num_tiles) return;
+  // align's outputs are complete when this grid starts (launch.cuh), so the tile and the weight
+  // prologue come before pdl_wait (L2 reads: nothing of this grid cached them).
+  if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int e = a.tile_expert[tile], m0 = a.tile_m0[tile];
-  const int cnt = min(BT, a.counts[e] - m0);
-  const int base = a.offsets[e] + m0;
+  const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
+  const int cnt = min(BT, __ldcg(a.counts + e) - m0);
+  const int base = __ldcg(a.offsets + e) + m0;
   for (int i = tid; i < BT; i += kGemmThreads) {
-    const int slot = i < cnt ? a.sorted_slots[base + i] : -1;
+    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
     s_slot[i] = slot;
     s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
   }
@@ -204,7 +207,6 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   if constexpr (WT::kScale > 0) sbase = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(n0) * WT::kScale;
   const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
   const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
-  __syncthreads();
 
   // Copy plan of one stage, with compile-time trip counts so that the copies unroll into bare
   // cp.async with constant offsets (a run-time loop here cost more issue slots than the MMAs).
@@ -216,6 +218,32 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   constexpr int kAChunksRow = C::kARaw / 16;
   constexpr int kAChunks = BT * kAChunksRow;
   constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
+  const uint8_t* wsrc = wbase + tid * 16;
+  auto load_w = [&](int buf, int kt) {  // weights and block scales of stage kt into buffer buf
+    uint8_t* st = smem + buf * C::kStageBytes;
+    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i) {
+      const int c = tid + i * kGemmThreads;
+      const int r = c / kWChunksRow, q = c % kWChunksRow;
+      cp_async16(st + r * WT::kStride + q * 16, wk + i * kGemmThreads * 16);
+    }
+    if constexpr (WT::kScale > 0) {
+      static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
+      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
+      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, src + tid * 16);
+    }
+  };
+  // Weight prologue (one cp.async group), then wait for the producer of the activations. The
+  // main loop's wait_group count is unchanged: stage 0 completes with this group and its own.
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s)
+    if (s < nk) load_w(s, kt0 + s);
+  cp_async_commit();
+  pdl_wait();
+  pdl_trigger();
+  __syncthreads();  // s_slot / s_arow
+
   // Source offset (bytes, stage 0) and destination of each of this thread's activation chunks,
   // kept in registers for the small (decode) tiles, re-read from s_arow for the large ones;
   // rows past the tile's token count are zero-filled.
@@ -235,22 +263,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
     for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i]);
   }
-  const uint8_t* wsrc = wbase + tid * 16;
-  auto load_stage = [&](int buf, int kt) {
-    uint8_t* st = smem + buf * C::kStageBytes;
-    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
-#pragma unroll
-    for (int i = 0; i < kWPer; ++i) {
-      const int c = tid + i * kGemmThreads;
-      const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + r * WT::kStride + q * 16, wk + i * kGemmThreads * 16);
-    }
-    if constexpr (WT::kScale > 0) {
-      static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
-      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
-      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, src + tid * 16);
-    }
-    uint8_t* adst = st + C::kWStage + C::kSStage;
+  auto load_a = [&](int buf, int kt) {  // the tile's activation rows of stage kt
+    uint8_t* adst = smem + buf * C::kStageBytes + C::kWStage + C::kSStage;
     const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
 #pragma unroll(kAReg ? kAPer : 2)
     for (int i = 0; i < kAPer; ++i) {
@@ -280,7 +294,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nk) load_stage(s, kt0 + s);
+    if (s < nk) load_a(s, kt0 + s);
     cp_async_commit();
   }
   uint8_t* dec = smem + C::kStages * C::kStageBytes;
@@ -290,7 +304,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     __syncthreads();
     {
       const int nx = it + C::kStages - 1;
-      if (nx < nk) load_stage(nx % C::kStages, kt0 + nx);
+      if (nx < nk) {
+        load_w(nx % C::kStages, kt0 + nx);
+        load_a(nx % C::kStages, kt0 + nx);
+      }
       cp_async_commit();
     }
     const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
@@ -492,8 +509,7 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
     return true;
   }();
   (void)configured;
-  gemm_kernel<WF, BT, SPLIT><<<grid, kGemmThreads, C::kSmem, s>>>(a);
-  QMOE_CUDA_CHECK(cudaGetLastError());
+  launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
 }
 
 // Dispatch on the token tile.

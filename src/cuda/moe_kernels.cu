@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/fp4_layout.h"
+#include "cuda/launch.cuh"
 #include "cuda/row_quant.cuh"
 
 namespace qmoe::cuda {
@@ -17,6 +18,8 @@ constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
 
 __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ int s_cnt[kMaxLocalExperts + 1];  // counts, then tile offsets
   __shared__ int s_pos[kMaxLocalExperts];
   int* s_toff = s_cnt;
@@ -77,12 +80,14 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
 }
 
 void launch_align(const AlignArgs& a, cudaStream_t s) {
-  align_kernel<<<1, kAlignThreads, 0, s>>>(a);
+  launch_pdl(align_kernel, 1, kAlignThreads, 0, s, a);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- input quantization ----------------------------------------------------------------------
 __global__ void absmax_kernel(const float* x, int T, int H, const float* w, int K, bool on_input, unsigned* amax) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   float m = 0.0f;
   const int64_t n = static_cast<int64_t>(T) * H;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -99,12 +104,14 @@ void launch_absmax_input(const float* x, int T, int H, const float* topk_w, int 
                          unsigned* amax_bits, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(T) * H;
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
-  absmax_kernel<<<blocks, 256, 0, s>>>(x, T, H, topk_w, K, on_input, amax_bits);
+  launch_pdl(absmax_kernel, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const float* x, int H, const float* w, int K,
                                                                   bool on_input, const RowQuant q, const RowOut o) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   extern __shared__ float sv[];
   __shared__ float red[32];
   const int t = blockIdx.x;
@@ -130,7 +137,7 @@ void launch_quant_input(const float* x, int T, int H, const float* topk_w, int K
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_input_kernel), smem, cfg);
-  quant_input_kernel<<<T, kRowThreads, smem, s>>>(x, H, topk_w, K, on_input, q, out);
+  launch_pdl(quant_input_kernel, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -163,6 +170,8 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
                                                           const int32_t* slot_local, const float* b13,
                                                           const ActParams p, const RowQuant q, const RowOut o,
                                                           bool defer, float* zbuf, unsigned* amax_bits) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   extern __shared__ float sz[];
   __shared__ float red[32];
   const int slot = blockIdx.x;
@@ -202,12 +211,15 @@ void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot
   const size_t smem = static_cast<size_t>(I) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(act_kernel), smem, cfg);
-  act_kernel<<<TK, kRowThreads, smem, s>>>(y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf, amax_bits);
+  launch_pdl(act_kernel, TK, kRowThreads, smem, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf,
+             amax_bits);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 __global__ void __launch_bounds__(kRowThreads) quant_rows_kernel(const float* zbuf, int I, const int32_t* slot_local,
                                                                  const RowQuant q, const RowOut o) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   extern __shared__ float sz[];
   __shared__ float red[32];
   const int slot = blockIdx.x;
@@ -222,13 +234,15 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
   const size_t smem = static_cast<size_t>(I) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_rows_kernel), smem, cfg);
-  quant_rows_kernel<<<TK, kRowThreads, smem, s>>>(zbuf, I, slot_local, q, out);
+  launch_pdl(quant_rows_kernel, TK, kRowThreads, smem, s, zbuf, I, slot_local, q, out);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- combine ---------------------------------------------------------------------------------
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                                const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.y;
   const int h = blockIdx.x * blockDim.x + threadIdx.x;
   if (h >= H) return;
@@ -252,8 +266,8 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                     const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
                     cudaStream_t s) {
-  combine_kernel<<<dim3((H + 255) / 256, T), 256, 0, s>>>(y2p, ksplit, T, K, H, slot_local, topk_w, on_input, b2,
-                                                          out, accumulate);
+  launch_pdl(combine_kernel, dim3((H + 255) / 256, T), 256, 0, s, y2p, ksplit, T, K, H, slot_local, topk_w, on_input,
+             b2, out, accumulate);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
