@@ -49,13 +49,16 @@ inline int scale_bytes_per_stage(WFmt f) {
 // (m-fragment f / 8, k16 step f % 8) of lane (g = lane / 4, c = lane % 4) and holds the 8 codes
 // of registers a0..a3: e[r0][2c, 2c+1], e[r1][2c, 2c+1], e[r0][2c+8, 2c+9], e[r1][2c+8, 2c+9],
 // r0 = 32w + 16·(f/8) + g, r1 = r0 + 8, k relative to 16·(f % 8), at the bit positions of
-// fp4_layout.h; their block scales are stored in its kernel form.
+// frag_layout.h; their block scales are stored in its kernel form.
 inline bool fp4_fragment_layout(WFmt f) { return f == WFmt::MXFP4 || f == WFmt::NVFP4; }
 // FP8 weights likewise, 16 KB per stage = [warp 4][q 8][lane 32][4] 32-bit words; word f = 4q + j
 // of a lane is (m-fragment mt = f / 16, k16 step kk = (f / 2) % 8, p = f % 2) and holds the e4m3
 // codes of registers a(2p) (low 16 bits) and a(2p+1): p = 0: e[r0][2c, 2c+1], e[r1][2c, 2c+1];
 // p = 1: the same at k + 8 (each pair low element first, decoded by cvt.rn.f16x2.e4m3x2).
 inline bool fp8_fragment_layout(WFmt f) { return f == WFmt::FP8; }
+// FP6 weights (MXFP6 E2M3 / E3M2): per stage 12 KB = an FP4-layout plane-4 block (8 KB) and a
+// plane-2 block (4 KB), see frag_layout.h.
+inline bool fp6_fragment_layout(WFmt f) { return f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2; }
 
 // One grouped GEMM over the routed slots: for every tile (local expert e, rows m0.. of its slot
 // list) and 128 weight rows n0.., out[split][slot][n] = escale[e] · colscale[e][n] · rowscale[arow]
@@ -154,7 +157,7 @@ void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int
                     cudaStream_t s);
 
 // Random fill for benchmarks (device): bytes in [lo, hi] after masking per format, see random_init.cu.
-// Nvfp4KernelScales: E4M3 scales in [lo, hi] in the GEMM's kernel form (fp4_layout.h).
+// Nvfp4KernelScales: E4M3 scales in [lo, hi] in the GEMM's kernel form (frag_layout.h).
 enum class RandKind : int { Bytes, Fp8Codes, Bf16Values, E8M0Scales, Fp8Scales, Nvfp4KernelScales, F32Values };
 void launch_random_fill(void* p, int64_t count, RandKind kind, uint64_t seed, float lo, float hi, cudaStream_t s);
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.h"
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
 
@@ -125,7 +125,7 @@ struct CudaExperts::Impl {
 namespace {
 
 // FP4 codes of one expert ([N][K/2] packed rows) → fragment words per (128-row, 128-K) stage
-// (fp4_layout.h; stage layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes. NVFP4:
+// (frag_layout.h; stage layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes. NVFP4:
 // codes under a zero block scale become +0 and under a negative one change sign, so that the
 // kernel multiplies by the scale's magnitude only (nvfp4_scale_byte).
 void repack_fp4_fragments(const uint8_t* src, const uint8_t* nv_scales, int nb, int N, int K, int ntiles, int Kt,
@@ -177,8 +177,10 @@ void repack_fp8_fragments(const uint8_t* src, int N, int K, int ntiles, int Kt, 
             }
 }
 
-// MXFP4: the per-expert shift c of fp4_layout.h from the expert's E8M0 bytes ([N][nb]) and codes.
-int mx_fp4_shift(const uint8_t* codes, const uint8_t* scales, int N, int K, int nb, const std::string& what) {
+// MX weights on the fragment path (MXFP4, MXFP6): the per-expert shift c of frag_layout.h from
+// the expert's E8M0 bytes ([N][nb]); blocks whose codes are all ±0 don't bound it from below.
+template <class NonZero>
+int mx_shift(const uint8_t* scales, int N, int nb, int bias, int margin, NonZero block_nonzero, const std::string& what) {
   int s_max = 0, s_min = 255;
   for (int n = 0; n < N; ++n)
     for (int b = 0; b < nb; ++b) {
@@ -186,18 +188,53 @@ int mx_fp4_shift(const uint8_t* codes, const uint8_t* scales, int N, int K, int 
       if (s == 255)
         throw Error("CUDA experts: " + what + " holds the E8M0 NaN scale (255) at row " + std::to_string(n) +
                     ", block " + std::to_string(b));
-      const uint8_t* blk = codes + int64_t{n} * (K / 2) + b * (kMxBlock / 2);
-      bool nonzero = false;
-      for (int i = 0; i < kMxBlock / 2 && !nonzero; ++i) nonzero = (blk[i] & 0x77) != 0;
       s_max = std::max(s_max, s);
-      if (nonzero) s_min = std::min(s_min, s);
+      if (block_nonzero(n, b)) s_min = std::min(s_min, s);
     }
-  const int c = std::max(0, s_max - 128);
-  if (s_min != 255 && s_min + 5 < c)
+  const int c = std::max(0, s_max + bias - 254);
+  if (s_min != 255 && s_min + margin < c)
     throw Error("CUDA experts: " + what + " has E8M0 block scales from 2^" + std::to_string(s_min - 127) + " to 2^" +
-                std::to_string(s_max - 127) + "; the CUDA FP4 kernels need them within " +
-                std::to_string(kMxFp4MaxShiftSpan) + " binades");
+                std::to_string(s_max - 127) + ", a wider range than the CUDA kernels represent exactly (" +
+                std::to_string(254 - bias + margin) + " binades)");
   return c;
+}
+
+// FP6 codes of one expert ([N][K·3/4] packed rows) → per (128-row, 128-K) stage: the plane-4
+// words in the FP4 fragment layout (8 KB), then the plane-2 words (4 KB = [warp 4][q 2][lane 32]
+// [4]; word v = 4q + j of a lane is k16 step v, slots 4·mt + j) (frag_layout.h).
+void repack_fp6_fragments(const uint8_t* src, bool e3m2, int N, int K, int ntiles, int Kt, uint8_t* dst) {
+  const int64_t src_row = int64_t{K} * 3 / 4;
+  auto code = [&](int n, int k) -> uint32_t {
+    return (n < N && k < K) ? fp6_code_at(src + int64_t{n} * src_row, k) : 0u;
+  };
+  for (int nt = 0; nt < ntiles; ++nt)
+    for (int kt = 0; kt < Kt; ++kt) {
+      uint32_t* p4 = reinterpret_cast<uint32_t*>(dst + (int64_t{nt} * Kt + kt) * (kBW * 96));
+      uint32_t* p2 = p4 + 2048;
+      for (int w = 0; w < 4; ++w)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, c = lane % 4;
+          for (int f = 0; f < 16; ++f) {  // plane-4 word f = 4q + jw: m-fragment f / 8, k16 step f % 8
+            const int mt = f / 8, kk = f % 8, q = f / 4, jw = f % 4;
+            const int r0 = nt * 128 + 32 * w + 16 * mt + g, k0 = kt * 128 + 16 * kk + 2 * c;
+            uint32_t word = 0;
+            for (int j = 0; j < 4; ++j)
+              for (int h = 0; h < 2; ++h)
+                word |= fp4_frag_place(fp6_plane4_code(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), e3m2), j, h);
+            p4[w * 512 + (q * 32 + lane) * 4 + jw] = word;
+          }
+          for (int v = 0; v < 8; ++v) {  // plane-2 word v = k16 step v
+            uint32_t word = 0;
+            for (int mt = 0; mt < 2; ++mt) {
+              const int r0 = nt * 128 + 32 * w + 16 * mt + g, k0 = kt * 128 + 16 * v + 2 * c;
+              for (int j = 0; j < 4; ++j)
+                for (int h = 0; h < 2; ++h)
+                  word |= fp6_plane2_place(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), e3m2, 4 * mt + j, h);
+            }
+            p2[w * 256 + ((v / 4) * 32 + lane) * 4 + v % 4] = word;
+          }
+        }
+    }
 }
 
 void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bscale, const Tensor* colscale,
@@ -234,7 +271,7 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
                   std::to_string(E_loc) + ", " + std::to_string(N) + ", " + std::to_string(nb) + "] of bytes");
   }
   d.epi.assign(static_cast<size_t>(E_loc), 1.0f);
-  std::vector<int> shift(static_cast<size_t>(E_loc), 0);  // MXFP4: c per expert (fp4_layout.h)
+  std::vector<int> shift(static_cast<size_t>(E_loc), 0);  // MXFP4: c per expert (frag_layout.h)
   std::vector<uint8_t> buf(static_cast<size_t>(d.expert_stride));
   for (int e = 0; e < E_loc; ++e) {
     std::fill(buf.begin(), buf.end(), uint8_t{0});
@@ -243,7 +280,13 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
       const uint8_t* esc = bscale->data_as<uint8_t>() + int64_t{e} * N * nb;
       const std::string what = nm + "_weight_scale of local expert " + std::to_string(e);
       if (f == WFmt::MXFP4) {
-        shift[e] = mx_fp4_shift(src, esc, N, K, nb, what);
+        auto nonzero = [&](int n, int b) {
+          const uint8_t* blk = src + int64_t{n} * (K / 2) + b * (kMxBlock / 2);
+          for (int i = 0; i < kMxBlock / 2; ++i)
+            if (blk[i] & 0x77) return true;
+          return false;
+        };
+        shift[e] = mx_shift(esc, N, nb, 126, 5, nonzero, what);
         d.epi[e] = std::ldexp(1.0f, shift[e]);
       } else {
         for (int64_t i = 0; i < int64_t{N} * nb; ++i)
@@ -253,6 +296,24 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
         d.epi[e] = kNvfp4EpilogueScale;
       }
       repack_fp4_fragments(src, f == WFmt::NVFP4 ? esc : nullptr, nb, N, K, d.Npad / kBW, d.Kt, buf.data());
+      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
+      continue;
+    }
+    if (fp6_fragment_layout(f)) {
+      const bool e3m2 = f == WFmt::MXFP6_E3M2;
+      const uint8_t* esc = bscale->data_as<uint8_t>() + int64_t{e} * N * nb;
+      auto nonzero = [&](int n, int b) {
+        const uint8_t* row = src + n * src_row;
+        for (int i = 0; i < kMxBlock; ++i)
+          if (fp6_code_at(row, int64_t{b} * kMxBlock + i) & 0x1F) return true;
+        return false;
+      };
+      shift[e] = e3m2 ? mx_shift(esc, N, nb, Fp6Planes<true>::kBias, Fp6Planes<true>::kMargin, nonzero,
+                                 nm + "_weight_scale of local expert " + std::to_string(e))
+                      : mx_shift(esc, N, nb, Fp6Planes<false>::kBias, Fp6Planes<false>::kMargin, nonzero,
+                                 nm + "_weight_scale of local expert " + std::to_string(e));
+      d.epi[e] = std::ldexp(1.0f, shift[e]);
+      repack_fp6_fragments(src, e3m2, N, K, d.Npad / kBW, d.Kt, buf.data());
       QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
       continue;
     }
@@ -286,7 +347,8 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
             const int b = kt * spb + j;
             if (b >= nb) continue;
             uint8_t v = src[(int64_t{e} * N + n) * nb + b];
-            if (f == WFmt::MXFP4) v = mx_fp4_scale_byte(v, shift[e]);  // kernel form (fp4_layout.h)
+            if (f == WFmt::MXFP4 || f == WFmt::MXFP6_E2M3) v = mx_fp4_scale_byte(v, shift[e]);  // kernel form
+            else if (f == WFmt::MXFP6_E3M2) v = mx_fp4_scale_byte(v, shift[e], Fp6Planes<true>::kBias);
             else if (f == WFmt::NVFP4) v = (v & 0x7F) == 0 ? uint8_t{0} : nvfp4_scale_byte(v);
             sbuf[(static_cast<size_t>(kt) * d.Npad + n) * spb + j] = v;
           }
@@ -502,8 +564,8 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
         launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::Nvfp4KernelScales, ++sd, 0.5f, 2.0f,
                            nullptr);
       } else {
-        // E8M0 bytes c ± 1 (≤ 128: shift 0); FP4 stores them in kernel form s + 126 (fp4_layout.h).
-        const float c = 127.0f + std::round(std::log2(amp / 2.5f)) + (m.wf == WFmt::MXFP4 ? 126.0f : 0.0f);
+        // E8M0 bytes c ± 1 (shift 0), stored in kernel form s + 126 (FP4, E2M3) / 124 (E3M2).
+        const float c = 127.0f + std::round(std::log2(amp / 2.5f)) + (m.wf == WFmt::MXFP6_E3M2 ? 124.0f : 126.0f);
         launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::E8M0Scales, ++sd, c - 1, c + 1, nullptr);
       }
     }

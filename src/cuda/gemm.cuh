@@ -8,10 +8,11 @@
 // weight tile (tile-major in global memory: one contiguous block), its block scales and the BT
 // activation rows. Then, by format:
 //  * BF16, INT8: ldmatrix straight from the staged tile;
-//  * FP8, MXFP6: each warp decodes its own 32 rows to a 16-bit tile in shared memory (decode.cuh,
-//    block scale folded in, exact; FP8 → fp16 by cvt.rn.f16x2.e4m3x2), then ldmatrix;
-//  * MXFP4, NVFP4: the codes are stored in MMA-fragment order and decoded straight into the A
-//    fragments in registers (byte-permute LUT + bf16x2 multiply by the block scale, exact).
+//  * FP8, MXFP4, NVFP4, MXFP6: the codes are stored in MMA-fragment order (repacked at upload)
+//    and decoded straight into the A fragments in registers: FP8 by cvt.rn.f16x2.e4m3x2, the
+//    FP4 / FP6 formats by shifts and masks into bf16 bits and one bf16x2 multiply by the block
+//    scale (frag_layout.h; exact).
+// Tiles of 8 tokens (one n8 fragment) serve decode, 16 / 64 / 128 larger batches.
 // The 4 warps run mma.m16n8k16 bf16 / f16 (fp32 accumulate) or, for INT8, mma.m16n8k32 s8 (exact
 // int32 accumulate). Bf16Split feeds the activation as hi + lo (2 MMAs).
 // The epilogue multiplies by the per-expert, per-channel and per-row scales in fp32 and writes the
@@ -26,7 +27,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "cuda/launch.cuh"
 
 namespace qmoe::cuda {
@@ -97,16 +98,16 @@ template <WFmt WF>
 struct WTraits;
 // kBK: K elements per stage; kRaw: bytes per row per stage; kStride: its shared-memory row stride
 // (padded: conflict-free ldmatrix / 16-byte decode reads); kScale: block-scale bytes per row per
-// stage; kDecode: decoded to a 16-bit tile first.
+// stage.
 // kRegDecode (FP4): the stage is stored in MMA-fragment order (see fp4_fragment_word below) and
 // decoded straight into the A fragments in registers, with no 16-bit tile in shared memory.
-template <> struct WTraits<WFmt::BF16> { static constexpr int kBK = 64, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
-template <> struct WTraits<WFmt::INT8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kDecode = false, kRegDecode = false; };
-template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 128, kScale = 0; static constexpr bool kDecode = false, kRegDecode = true; };
-template <> struct WTraits<WFmt::MXFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 4; static constexpr bool kDecode = false, kRegDecode = true; };
-template <> struct WTraits<WFmt::MXFP6_E2M3> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
-template <> struct WTraits<WFmt::MXFP6_E3M2> { static constexpr int kBK = 128, kRaw = 96, kStride = 112, kScale = 4; static constexpr bool kDecode = true, kRegDecode = false; };
-template <> struct WTraits<WFmt::NVFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 8; static constexpr bool kDecode = false, kRegDecode = true; };
+template <> struct WTraits<WFmt::BF16> { static constexpr int kBK = 64, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kRegDecode = false; };
+template <> struct WTraits<WFmt::INT8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kRegDecode = false; };
+template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 128, kScale = 0; static constexpr bool kRegDecode = true; };
+template <> struct WTraits<WFmt::MXFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 4; static constexpr bool kRegDecode = true; };
+template <> struct WTraits<WFmt::MXFP6_E2M3> { static constexpr int kBK = 128, kRaw = 96, kStride = 96, kScale = 4; static constexpr bool kRegDecode = true; };
+template <> struct WTraits<WFmt::MXFP6_E3M2> { static constexpr int kBK = 128, kRaw = 96, kStride = 96, kScale = 4; static constexpr bool kRegDecode = true; };
+template <> struct WTraits<WFmt::NVFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 8; static constexpr bool kRegDecode = true; };
 
 template <WFmt WF, int BT, bool SPLIT>
 struct GemmCfg {
@@ -120,57 +121,16 @@ struct GemmCfg {
   static constexpr int kSStage = kBW * WT::kScale;
   static constexpr int kAStage = BT * kAStride * kANum;
   static constexpr int kStageBytes = kWStage + kSStage + kAStage;
-  static constexpr int kDecStride = 2 * kBK + 16;      // decoded 16-bit tile row stride
-  static constexpr int kDecBytes = WT::kDecode ? kBW * kDecStride : 0;
   // FP4 register-decode stages are small: spend less shared memory so that 4–5 CTAs share an
   // SM; FP8 (16 KB of weights per stage) takes 4 stages, 2 CTAs per SM.
-  static constexpr int kBudget = WF == WFmt::FP8 ? 96 * 1024 : WT::kRegDecode ? 48 * 1024 : 110 * 1024;
-  static constexpr int kStagesFit = (kBudget - kDecBytes) / kStageBytes;
+  static constexpr bool kFp6 = WF == WFmt::MXFP6_E2M3 || WF == WFmt::MXFP6_E3M2;
+  static constexpr int kBudget = WF == WFmt::FP8 ? 96 * 1024 : kFp6 ? 64 * 1024 : WT::kRegDecode ? 48 * 1024 : 110 * 1024;
+  static constexpr int kStagesFit = kBudget / kStageBytes;
   static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > 8 ? 8 : kStagesFit);
-  static constexpr int kSmem = kStages * kStageBytes + kDecBytes;
+  static constexpr int kSmem = kStages * kStageBytes;
   static_assert(BT == 8 || BT % 16 == 0, "token tile must be 8 or a multiple of 16");
   static_assert(kWStage % 16 == 0 && kSStage % 16 == 0 && kAStage % 16 == 0, "16-byte aligned stages");
 };
-
-// Decode the stage's raw weight tile into dec ([128][kBK] 16-bit, row stride kDecStride). Thread t
-// decodes row t (all kBK/32 units of it): warp w produces exactly the 32 rows its MMAs read, so
-// only a warp barrier separates decode and ldmatrix.
-template <WFmt WF, int kDecStride>
-__device__ __forceinline__ void decode_stage(const uint8_t* raw, const uint8_t* sc, uint8_t* dec) {
-  using WT = WTraits<WF>;
-  const int r = threadIdx.x;
-  const uint8_t* rr = raw + r * WT::kStride;
-  const uint8_t* sr = sc + r * WT::kScale;
-#pragma unroll
-  for (int h = 0; h < WT::kBK / 32; ++h) {
-    uint32_t out[16];
-    if constexpr (WF == WFmt::MXFP4 || WF == WFmt::NVFP4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(rr + h * 16);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      float m0, m1;
-      if constexpr (WF == WFmt::MXFP4) {
-        m0 = m1 = e8m0_to_f32(sr[h]);
-      } else {
-        m0 = fp8_e4m3_to_f32(sr[2 * h]);
-        m1 = fp8_e4m3_to_f32(sr[2 * h + 1]);
-      }
-      decode_fp4_x32(w, m0, m1, out);
-    } else if constexpr (WF == WFmt::MXFP6_E2M3 || WF == WFmt::MXFP6_E3M2) {
-      const uint2* p = reinterpret_cast<const uint2*>(rr + h * 24);
-      const uint2 a = p[0], b = p[1], c = p[2];
-      const uint32_t w[6] = {a.x, a.y, b.x, b.y, c.x, c.y};
-      decode_fp6_x32<WF == WFmt::MXFP6_E3M2>(w, e8m0_to_f32(sr[h]), out);
-    } else if constexpr (WF == WFmt::FP8) {
-      const uint4* p = reinterpret_cast<const uint4*>(rr + h * 32);
-      const uint4 a = p[0], b = p[1];
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      decode_fp8_x32(w, out);
-    }
-    uint4* d = reinterpret_cast<uint4*>(dec + r * kDecStride + h * 64);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) d[q] = make_uint4(out[4 * q], out[4 * q + 1], out[4 * q + 2], out[4 * q + 3]);
-  }
-}
 
 template <WFmt WF, int BT, bool SPLIT>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
@@ -297,7 +257,6 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     if (s < nk) load_a(s, kt0 + s);
     cp_async_commit();
   }
-  uint8_t* dec = smem + C::kStages * C::kStageBytes;
 
   for (int it = 0; it < nk; ++it) {
     cp_async_wait<C::kStages - 2>();
@@ -312,17 +271,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
     const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
     const uint8_t* at = st + C::kWStage + C::kSStage;
-    const uint8_t* wt;
-    int wstride;
-    if constexpr (WT::kDecode) {
-      decode_stage<WF, C::kDecStride>(st, st + C::kWStage, dec);
-      __syncwarp();
-      wt = dec;
-      wstride = C::kDecStride;
-    } else {
-      wt = st;
-      wstride = WT::kStride;
-    }
+    const uint8_t* wt = st;  // BF16 / INT8: ldmatrix straight from the staged tile
+    const int wstride = WT::kStride;
     const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
     const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
     if constexpr (WF == WFmt::FP8) {
@@ -366,8 +316,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
       (void)wt;
       (void)wstride;
       (void)arow_l;
-      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps), 4 × 16 B per lane.
-      uint32_t wv[16];
+      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps), 4 × 16 B per lane; FP6: and
+      // its 8 plane-2 words (one per k16 step), 2 × 16 B per lane after the 8 KB plane-4 block.
+      constexpr bool kFp6 = C::kFp6;
+      uint32_t wv[16], w2[kFp6 ? 8 : 1];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const uint4 v = *reinterpret_cast<const uint4*>(st + warp * 2048 + (q * 32 + lane) * 16);
@@ -376,8 +328,18 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         wv[4 * q + 2] = v.z;
         wv[4 * q + 3] = v.w;
       }
+      if constexpr (kFp6) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const uint4 v = *reinterpret_cast<const uint4*>(st + 8192 + warp * 1024 + (q * 32 + lane) * 16);
+          w2[4 * q] = v.x;
+          w2[4 * q + 1] = v.y;
+          w2[4 * q + 2] = v.z;
+          w2[4 * q + 3] = v.w;
+        }
+      }
       // Block-scale words of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8), in
-      // the kernel form of fp4_layout.h.
+      // the kernel form of frag_layout.h.
       const uint8_t* sc = st + C::kWStage;
       constexpr int kSW = WT::kScale / 4;  // scale words per row
       constexpr bool kNv = WF == WFmt::NVFP4;
@@ -398,7 +360,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
           const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
           const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
           uint32_t o[4];
-          fp4_frag_decode(wv[mt * 8 + kk], o);  // e2m1 · 2^−126, exact
+          if constexpr (kFp6) fp6_frag_decode<WF == WFmt::MXFP6_E3M2>(wv[mt * 8 + kk], w2[kk], mt, o);
+          else fp4_frag_decode(wv[mt * 8 + kk], o);  // value · 2^−126 (E3M2: 2^−124), exact
           af[mt][0] = bf16x2_mul_bits(o[0], m0);
           af[mt][1] = bf16x2_mul_bits(o[1], m1);
           af[mt][2] = bf16x2_mul_bits(o[2], m0);

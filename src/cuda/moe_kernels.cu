@@ -7,7 +7,7 @@
 #include <atomic>
 
 #include "cuda/cuda_common.h"
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "cuda/launch.cuh"
 #include "cuda/row_quant.cuh"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "cuda/decode.cuh"
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "cuda/row_quant.cuh"
 
 namespace qmoe::cuda::test {

@@ -12,7 +12,7 @@ namespace qmoe::cuda::test {
 // Each unit is 32 elements; the output is 16 bf16x2 words per unit.
 std::vector<uint32_t> decode_fp4_units(const std::vector<uint32_t>& words /*4 per unit*/,
                                        const std::vector<float>& muls /*2 per unit*/);
-// The GEMM's FP4 path (fp4_layout.h): each fragment word decoded and multiplied by kernel scale
+// The GEMM's FP4 path (frag_layout.h): each fragment word decoded and multiplied by kernel scale
 // byte `scale_byte` of its scale word → 4 bf16x2 words per input word.
 std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_t>& words,
                                            const std::vector<uint32_t>& scale_words, int scale_byte);

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "cpu/ref/ref_ops.h"
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "cuda_test_kernels.h"
 #include "qmoe/cuda.h"
 #include "qmoe/formats.h"

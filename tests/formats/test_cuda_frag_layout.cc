@@ -1,4 +1,4 @@
-// The CUDA GEMM's FP4 weight layout and scale forms (src/cuda/fp4_layout.h), checked on the CPU
+// The CUDA GEMM's FP4 weight layout and scale forms (src/cuda/frag_layout.h), checked on the CPU
 // for every code, position and scale byte: decode bits × multiplier (a bf16 product, exact here
 // in fp32) must be the E2M1 value times the block scale, with the epilogue factor taken out.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "cuda/fp4_layout.h"
+#include "cuda/frag_layout.h"
 #include "qmoe/formats.h"
 
 namespace qmoe::cuda {
@@ -101,6 +101,77 @@ TEST(CudaFp4Layout, Nvfp4ScaleBytesTimesEveryCode) {
         ASSERT_EQ(got, want) << "scale code " << sc << " code " << code;
       }
     }
+  }
+}
+
+// FP6: every code in every register slot of both m-fragments, alone and in random full words.
+template <bool kE3M2>
+void check_fp6_planes() {
+  const float unscale = kE3M2 ? 0x1p124f : 0x1p126f;
+  auto value = [](uint32_t c) {
+    return kE3M2 ? fp6_e3m2_decode(static_cast<uint8_t>(c)) : fp6_e2m3_decode(static_cast<uint8_t>(c));
+  };
+  for (int mt = 0; mt < 2; ++mt)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (uint32_t c = 0; c < 64; ++c) {
+          const uint32_t w4 = fp4_frag_place(fp6_plane4_code(c, kE3M2), j, h);
+          const uint32_t w2 = fp6_plane2_place(c, kE3M2, 4 * mt + j, h);
+          uint32_t o[4];
+          fp6_frag_decode<kE3M2>(w4, w2, mt, o);
+          for (int jj = 0; jj < 4; ++jj)
+            for (int hh = 0; hh < 2; ++hh)
+              ASSERT_EQ(half_value(o[jj], hh) * unscale, (jj == j && hh == h) ? value(c) : 0.0f)
+                  << "code " << c << " at m-fragment " << mt << " register " << j << " half " << h << ", read at " << jj
+                  << "/" << hh;
+          // The other m-fragment's slots of this plane-2 word read nothing of it.
+          fp6_frag_decode<kE3M2>(0u, w2, 1 - mt, o);
+          for (int jj = 0; jj < 4; ++jj) ASSERT_EQ(o[jj], 0u) << "code " << c << " leaks into m-fragment " << 1 - mt;
+        }
+  std::mt19937 rng(kE3M2 ? 5 : 6);
+  for (int it = 0; it < 5000; ++it) {
+    uint32_t codes[2][8], w4[2] = {0, 0}, w2 = 0;
+    for (int mt = 0; mt < 2; ++mt)
+      for (int i = 0; i < 8; ++i) {
+        codes[mt][i] = rng() & 63u;
+        w4[mt] |= fp4_frag_place(fp6_plane4_code(codes[mt][i], kE3M2), i / 2, i % 2);
+        w2 |= fp6_plane2_place(codes[mt][i], kE3M2, 4 * mt + i / 2, i % 2);
+      }
+    for (int mt = 0; mt < 2; ++mt) {
+      uint32_t o[4];
+      fp6_frag_decode<kE3M2>(w4[mt], w2, mt, o);
+      for (int i = 0; i < 8; ++i) ASSERT_EQ(half_value(o[i / 2], i % 2) * unscale, value(codes[mt][i]));
+    }
+  }
+  // Scale bytes: products with every code exact at the bias and margin of Fp6Planes.
+  for (int c : {0, 2, 40}) {
+    for (int sc = 0; sc < 255; ++sc) {
+      if (sc + Fp6Planes<kE3M2>::kBias - c > 254 || sc + Fp6Planes<kE3M2>::kMargin < c) continue;
+      const uint32_t m = fp4_scale_bf16x2<false>(mx_fp4_scale_byte(static_cast<uint8_t>(sc), c, Fp6Planes<kE3M2>::kBias), 0);
+      for (uint32_t code = 0; code < 64; ++code) {
+        const uint32_t w4 = fp4_frag_place(fp6_plane4_code(code, kE3M2), 1, 1);
+        uint32_t o[4];
+        fp6_frag_decode<kE3M2>(w4, fp6_plane2_place(code, kE3M2, 1, 1), 0, o);
+        const float got = bf16_mul_exact(half_value(o[1], 1), half_value(m, 1));
+        ASSERT_EQ(got, std::ldexp(value(code), sc - 127 - c)) << "s " << sc << " shift " << c << " code " << code;
+      }
+    }
+  }
+}
+TEST(CudaFp6Layout, E2M3PlanesDecodeEveryCode) { check_fp6_planes<false>(); }
+TEST(CudaFp6Layout, E3M2PlanesDecodeEveryCode) { check_fp6_planes<true>(); }
+
+TEST(CudaFp6Layout, Plane2SlotsTileTheWord) {
+  for (const bool e3m2 : {false, true}) {
+    uint32_t seen = 0;
+    for (int t = 0; t < 8; ++t)
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = fp6_plane2_place(e3m2 ? 0x11u : 0x3u, e3m2, t, h);
+        EXPECT_EQ(__builtin_popcount(bits), 2) << "slot " << t;
+        EXPECT_EQ(seen & bits, 0u) << (e3m2 ? "e3m2" : "e2m3") << " slot " << t << " half " << h;
+        seen |= bits;
+      }
+    EXPECT_EQ(seen, 0xFFFFFFFFu) << (e3m2 ? "e3m2" : "e2m3");
   }
 }
 

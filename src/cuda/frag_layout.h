@@ -1,5 +1,5 @@
-// FP4 (E2M1) weights as the CUDA GEMM kernels store and decode them: the bit layout of a
-// fragment word and the kernel form of the block scales. Host and device (QMOE_HD), no CUDA
+// FP4 (E2M1) and FP6 (E2M3, E3M2) weights as the CUDA GEMM kernels store and decode them: the
+// bit layout of a fragment word and the kernel form of the block scales. Host and device (QMOE_HD), no CUDA
 // headers, so that the CPU tests check every code and scale byte in CI (tests/formats).
 //
 // Decode. An E2M1 code s·e1·e0·m read as bf16 with e1 e0 m at bits 8..6 and s at bit 15 is
@@ -26,6 +26,16 @@
 //    253], 3 mantissa bits m); byte = (F − 236) << 3 | m, bits = (byte << 4) + (236 << 7). The
 //    2^−8 left over goes into the epilogue factor (kNvfp4EpilogueScale). A zero scale becomes
 //    zero codes (byte 0), a negative one flips the block's code signs at repack.
+//
+// FP6 in two planes. A 5-bit magnitude read as bf16 bits 8..4 (E2M3: e1 e0 m2 m1 m0) or 9..5
+// (E3M2: e2 e1 e0 m1 m0) with the sign at bit 15 is exactly value · 2^−126 (E2M3) or · 2^−124
+// (E3M2), subnormals included, by the same argument. The sign and three magnitude bits that land
+// at bits 8..6 (E2M3: e1 e0 m2; E3M2: e1 e0 m1) form a 4-bit code stored in an FP4 fragment word
+// (decoded by fp4_frag_decode); the other two bits (E2M3: m1 m0 → bits 5, 4; E3M2: e2 → 9,
+// m0 → 5) of all 8 registers of the two m-fragments of a k16 step sit in one 32-bit plane-2 word,
+// register slot t = 4·mt + j at positions kFp6Mask2 shifted by kFp6Shift2[t] (the 8 translates
+// tile the word), so each register costs one shift and one or-under-mask more than FP4. The
+// multiplier is the MX one with bias 126 (E2M3) / 124 (E3M2) in place of FP4's 126.
 #pragma once
 
 #include <cstdint>
@@ -52,13 +62,49 @@ QMOE_HD void fp4_frag_decode(uint32_t w, uint32_t (&o)[4]) {
   o[3] = ((w << 1) & kSign) | ((w >> 3) & kMag);
 }
 
+// ---- FP6 planes -----------------------------------------------------------------------------
+template <bool kE3M2>
+struct Fp6Planes {
+  static constexpr uint32_t kMask2 = kE3M2 ? 0x02200220u : 0x00300030u;  // the two bits per element
+  static constexpr int kBias = kE3M2 ? 124 : 126;                        // scale byte s + kBias − c
+  static constexpr int kMargin = kE3M2 ? 2 : 3;                          // exact while c ≤ s_min + margin
+};
+// Stored position of plane-2 slot t relative to the decoded one (right shift by this, or left
+// by its negative): E2M3 slot t holds bits 2t, 2t+1 (+16); E3M2 bits a, a+4 (+16), a ∈ 0–3, 8–11.
+QMOE_HD int fp6_shift2(bool e3m2, int t) { return e3m2 ? ((t < 4 ? t : t + 4) - 5) : (2 * t - 4); }
+
+// Host: the plane-4 code (sign + 3 bits at 8..6) and the plane-2 bits of a 6-bit code as element
+// h of register slot t.
+inline uint32_t fp6_plane4_code(uint32_t code, bool e3m2) {
+  return ((code >> 2) & 8u) | (e3m2 ? (code >> 1) & 7u : (code >> 2) & 7u);
+}
+inline uint32_t fp6_plane2_place(uint32_t code, bool e3m2, int t, int h) {
+  // Decoded positions of the two bits: E2M3 m1 → 5, m0 → 4; E3M2 e2 → 9, m0 → 5 (+16 for h).
+  const uint32_t bits = e3m2 ? (((code >> 4) & 1u) << 9) | ((code & 1u) << 5) : (code & 3u) << 4;
+  const int sh = fp6_shift2(e3m2, t);
+  const uint32_t at = bits << (16 * h);
+  return sh >= 0 ? at << sh : at >> -sh;
+}
+
+// a0..a3 of one m-fragment: plane-4 word decoded, plane-2 bits of slots 4·mt + j merged in →
+// bf16x2 bits of value · 2^−126 (E2M3) / 2^−124 (E3M2).
+template <bool kE3M2>
+QMOE_HD void fp6_frag_decode(uint32_t w4, uint32_t w2, int mt, uint32_t (&o)[4]) {
+  fp4_frag_decode(w4, o);
+  for (int j = 0; j < 4; ++j) {  // constant trip count: unrolled, shifts become immediates
+    const int sh = fp6_shift2(kE3M2, 4 * mt + j);
+    o[j] |= (sh >= 0 ? w2 >> sh : w2 << -sh) & Fp6Planes<kE3M2>::kMask2;
+  }
+}
+
 // ---- block scales -------------------------------------------------------------------------
 constexpr uint32_t kNvfp4ScaleBase = 236;           // bf16 exponent field of byte 0
 constexpr float kNvfp4EpilogueScale = 256.0f;        // 2^8
 constexpr int kMxFp4MaxShiftSpan = 133;              // s_max − s_min allowed (see above)
 
-// Kernel byte of an E8M0 block scale s (s ≠ 255) under the expert's shift c.
-QMOE_HD uint8_t mx_fp4_scale_byte(uint8_t s, int c) { return static_cast<uint8_t>(int{s} + 126 - c); }
+// Kernel byte of an E8M0 block scale s (s ≠ 255) under the expert's shift c; bias 126 for
+// FP4 and FP6 E2M3, 124 for FP6 E3M2.
+QMOE_HD uint8_t mx_fp4_scale_byte(uint8_t s, int c, int bias = 126) { return static_cast<uint8_t>(int{s} + bias - c); }
 
 // Kernel byte of a finite, non-zero NVFP4 E4M3 scale magnitude (code & 0x7F in 0x01..0x7E).
 QMOE_HD uint8_t nvfp4_scale_byte(uint8_t code) {
