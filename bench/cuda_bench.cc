@@ -47,13 +47,22 @@ const std::vector<Shape> kShapes = {
     {"qwen3-30b-a3b", 128, 8, 2048, 768},
     {"gpt-oss-120b", 128, 4, 2880, 2880},
 };
-// performance.md §9: vLLM Triton fused_moe on this H200, µs per layer, bf16 / INT8 W8A8.
+// performance.md §10: vLLM Triton fused_moe on this H200 (side by side with qmoe 0ef2cf3, same
+// scope: experts from given top-k), µs per layer: bf16, INT8 W8A8, FP8 W8A8 (per-channel weights,
+// dynamic per-token activations).
 const std::vector<int> kVllmTokens = {1, 16, 64, 256, 1024, 4096};
-const std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> kVllm = {
-    {"mixtral-8x7b", {{205, 681, 698, 839, 1869, 6036}, {141, 373, 413, 1362, 3429, 11260}}},
-    {"deepseek-v3", {{209, 2045, 4425, 5419, 6464, 9920}, {123, 1110, 2379, 4199, 6812, 10022}}},
-    {"qwen3-30b-a3b", {{53, 229, 332, 367, 457, 1022}, {48, 150, 212, 239, 714, 1743}}},
-    {"gpt-oss-120b", {{84, 630, 1332, 1601, 1890, 2992}, {65, 395, 786, 1266, 2088, 3123}}},
+struct VllmRow {
+  std::vector<double> bf16, int8, fp8;
+};
+const std::map<std::string, VllmRow> kVllm = {
+    {"mixtral-8x7b", {{177.5, 646.3, 655.6, 734.0, 1695.0, 5588.0}, {117.8, 344.4, 372.7, 1319.0, 3269.0, 10930.0},
+                      {113.4, 348.0, 354.4, 414.9, 864.9, 2949.0}}},
+    {"deepseek-v3", {{183.1, 2029.0, 4332.0, 5147.0, 6014.0, 9247.0}, {99.0, 1069.0, 2256.0, 4021.0, 6741.0, 9905.0},
+                     {98.2, 1045.0, 2204.0, 2730.0, 4194.0, 6132.0}}},
+    {"qwen3-30b-a3b", {{31.1, 189.6, 299.7, 331.1, 399.2, 882.5}, {28.0, 112.7, 179.9, 204.1, 671.8, 1624.0},
+                       {25.2, 110.1, 170.0, 210.7, 374.6, 834.2}}},
+    {"gpt-oss-120b", {{61.5, 582.6, 1299.0, 1500.0, 1780.0, 2706.0}, {42.6, 347.1, 742.2, 1181.0, 2017.0, 2970.0},
+                      {41.7, 333.3, 727.7, 879.6, 1375.0, 1989.0}}},
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -79,7 +88,7 @@ struct Row {
   std::string shape, scheme;
   int T = 0;
   int U = 0;
-  double us = 0, gbs = 0, tflops = 0, floor_us = 0, pct = 0, vllm_bf16 = NAN, vllm_int8 = NAN;
+  double us = 0, gbs = 0, tflops = 0, floor_us = 0, pct = 0, vllm_bf16 = NAN, vllm_int8 = NAN, vllm_fp8 = NAN;
   char bound = 'M';
 };
 
@@ -245,8 +254,10 @@ int main(int argc, char** argv) {
           const auto vi = std::find(kVllmTokens.begin(), kVllmTokens.end(), T);
           if (vi != kVllmTokens.end()) {
             const auto& v = kVllm.at(sh.name);
-            r.vllm_bf16 = v.first[static_cast<size_t>(vi - kVllmTokens.begin())];
-            r.vllm_int8 = v.second[static_cast<size_t>(vi - kVllmTokens.begin())];
+            const auto j = static_cast<size_t>(vi - kVllmTokens.begin());
+            r.vllm_bf16 = v.bf16[j];
+            r.vllm_int8 = v.int8[j];
+            r.vllm_fp8 = v.fp8[j];
           }
           rows.push_back(r);
           std::printf("%-14s %-32s T=%5d U=%3d R=%2d %10.1f us  %7.0f GB/s  %6.1f TFLOP/s  floor %8.1f us (%c) %5.1f%%\n",
@@ -265,10 +276,10 @@ int main(int argc, char** argv) {
   }
   if (!out_csv.empty()) {
     std::ofstream f(out_csv);
-    f << "shape,scheme,T,U,us,GBps,TFLOPps,floor_us,bound,pct_floor,vllm_bf16_us,vllm_int8_us\n";
+    f << "shape,scheme,T,U,us,GBps,TFLOPps,floor_us,bound,pct_floor,vllm_bf16_us,vllm_int8_us,vllm_fp8_us\n";
     for (const auto& r : rows)
-      f << fmt::format("{},{},{},{},{:.2f},{:.1f},{:.2f},{:.2f},{},{:.1f},{},{}\n", r.shape, r.scheme, r.T, r.U, r.us,
-                       r.gbs, r.tflops, r.floor_us, r.bound, r.pct, r.vllm_bf16, r.vllm_int8);
+      f << fmt::format("{},{},{},{},{:.2f},{:.1f},{:.2f},{:.2f},{},{:.1f},{},{},{}\n", r.shape, r.scheme, r.T, r.U, r.us,
+                       r.gbs, r.tflops, r.floor_us, r.bound, r.pct, r.vllm_bf16, r.vllm_int8, r.vllm_fp8);
   }
   // The short table, last: one row per (shape, scheme), µs and % of the floor per token count,
   // with vLLM's §9 figures under each shape.
@@ -285,13 +296,14 @@ int main(int argc, char** argv) {
   auto vllm_rows = [&](const std::string& shape) {
     const auto v = kVllm.find(shape);
     if (v == kVllm.end()) return;
-    for (int which = 0; which < 2; ++which) {
-      std::printf("| %s | *vLLM %s (perf §9)* |", shape.c_str(), which == 0 ? "bf16" : "INT8 W8A8");
+    static const char* kNames[3] = {"bf16", "INT8 W8A8", "FP8 W8A8"};
+    for (int which = 0; which < 3; ++which) {
+      std::printf("| %s | *vLLM %s (perf §10)* |", shape.c_str(), kNames[which]);
       for (int T : tokens) {
         const auto vi = std::find(kVllmTokens.begin(), kVllmTokens.end(), T);
         if (vi == kVllmTokens.end()) std::printf(" - |");
         else {
-          const auto& col = which == 0 ? v->second.first : v->second.second;
+          const auto& col = which == 0 ? v->second.bf16 : which == 1 ? v->second.int8 : v->second.fp8;
           std::printf(" *%.0f* |", col[static_cast<size_t>(vi - kVllmTokens.begin())]);
         }
       }
