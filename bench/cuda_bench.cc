@@ -24,6 +24,8 @@
 
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
+#include "qmoe/formats.h"
+#include "qmoe/moe.h"
 #include "qmoe/schemes.h"
 
 namespace {
@@ -160,15 +162,27 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&dids, sizeof(int32_t) * max_T * sh.K));
       CK(cudaMalloc(&dw, sizeof(float) * max_T * sh.K));
       CK(cudaMemcpy(dx, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
+      // The same hidden states in bf16, for the +xbf16 entries (engines hold activations in bf16).
+      void* dx16 = nullptr;
+      {
+        std::vector<uint16_t> h16(hx.size());
+        for (size_t i = 0; i < hx.size(); ++i) h16[i] = qmoe::bf16_encode(hx[i]);
+        CK(cudaMalloc(&dx16, sizeof(uint16_t) * h16.size()));
+        CK(cudaMemcpy(dx16, h16.data(), sizeof(uint16_t) * h16.size(), cudaMemcpyHostToDevice));
+      }
       for (const auto& entry : schemes) {
         const size_t plus = entry.find('+');
         const std::string scname = entry.substr(0, plus);
         qmoe::cuda::CudaOptions opt = base_opt;
-        // Suffixes: +bf16act, +tileN (CudaOptions::token_tile), in any order.
+        // Suffixes: +bf16act, +tileN (CudaOptions::token_tile), +xbf16 (hidden states in bf16),
+        // +route (device routing from logits in the timed graph), in any order.
+        bool x_bf16 = false, with_route = false;
         for (size_t p = plus; p != std::string::npos;) {
           const size_t q = entry.find('+', p + 1);
           const std::string suf = entry.substr(p + 1, q == std::string::npos ? std::string::npos : q - p - 1);
           if (suf == "bf16act") opt.bf16_activations = true;
+          else if (suf == "xbf16") x_bf16 = true;
+          else if (suf == "route") with_route = true;
           else if (suf.rfind("tile", 0) == 0) opt.token_tile = std::stoi(suf.substr(4));
           else throw qmoe::Error("unknown scheme suffix '" + suf + "' in " + entry);
           p = q;
@@ -203,17 +217,51 @@ int main(int argc, char** argv) {
             }
             for (int k = 0; k < sh.K; ++k) w[static_cast<size_t>(t) * sh.K + k] /= sum;
           }
+          // +route: the whole layer from router logits — the model's routing on the device
+          // (route_device) in the same graph; ids and U from the host route() of the same logits.
+          float* dlogits = nullptr;
+          float* dbias = nullptr;
+          qmoe::RoutingConfig rc;
+          if (with_route) {
+            if (sh.name == "deepseek-v3") {
+              rc.scoring = qmoe::ScoringFunc::Sigmoid;
+              rc.n_group = 8;
+              rc.topk_group = 4;
+              rc.has_correction_bias = true;
+              rc.routed_scaling_factor = 2.5f;
+            } else if (sh.name == "gpt-oss-120b") {
+              rc.topk_then_softmax = true;
+            }
+            std::vector<float> logits(static_cast<size_t>(T) * sh.E), bias(static_cast<size_t>(sh.E));
+            for (auto& v : logits) v = nd(rng);
+            for (auto& v : bias) v = 0.01f * nd(rng);
+            qmoe::route(rc, logits.data(), T, sh.E, sh.K, rc.has_correction_bias ? bias.data() : nullptr, ids.data(),
+                        w.data());
+            uniq.clear();
+            uniq.insert(ids.begin(), ids.end());
+            CK(cudaMalloc(&dlogits, sizeof(float) * logits.size()));
+            CK(cudaMalloc(&dbias, sizeof(float) * bias.size()));
+            CK(cudaMemcpy(dlogits, logits.data(), sizeof(float) * logits.size(), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dbias, bias.data(), sizeof(float) * bias.size(), cudaMemcpyHostToDevice));
+          }
           CK(cudaMemcpy(dids, ids.data(), sizeof(int32_t) * ids.size(), cudaMemcpyHostToDevice));
           CK(cudaMemcpy(dw, w.data(), sizeof(float) * w.size(), cudaMemcpyHostToDevice));
           for (auto& c : copies) c.reserve(T, sh.K);
+          auto layer = [&](const qmoe::cuda::CudaExperts& c) {
+            if (with_route)
+              qmoe::cuda::route_device(rc, dlogits, qmoe::DType::F32, T, sh.E, sh.K, rc.has_correction_bias ? dbias : nullptr,
+                                       dids, dw, stream);
+            if (x_bf16) c.run_device(dx16, qmoe::DType::BF16, T, sh.K, dids, dw, dout, false, false, stream);
+            else c.run_device(dx, T, sh.K, dids, dw, dout, false, false, stream);
+          };
           // Eager warm-up (module load, attributes), then capture R calls in one graph.
-          for (auto& c : copies) c.run_device(dx, T, sh.K, dids, dw, dout, false, false, stream);
+          for (auto& c : copies) layer(c);
           CK(cudaStreamSynchronize(stream));
           CK(cudaGetLastError());
           cudaGraph_t graph;
           cudaGraphExec_t exec;
           CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          for (auto& c : copies) c.run_device(dx, T, sh.K, dids, dw, dout, false, false, stream);
+          for (auto& c : copies) layer(c);
           CK(cudaStreamEndCapture(stream, &graph));
           CK(cudaGraphInstantiate(&exec, graph, 0));
           for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, stream));
@@ -236,6 +284,8 @@ int main(int argc, char** argv) {
           CK(cudaEventDestroy(e1));
           CK(cudaGraphExecDestroy(exec));
           CK(cudaGraphDestroy(graph));
+          if (dlogits) CK(cudaFree(dlogits));
+          if (dbias) CK(cudaFree(dbias));
           std::sort(ms.begin(), ms.end());
           Row r;
           r.shape = sh.name;
@@ -266,6 +316,7 @@ int main(int argc, char** argv) {
         }
       }
       CK(cudaFree(dx));
+      CK(cudaFree(dx16));
       CK(cudaFree(dout));
       CK(cudaFree(dids));
       CK(cudaFree(dw));

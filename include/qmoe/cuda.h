@@ -26,6 +26,15 @@ namespace qmoe::cuda {
 
 // True when the library was built with CUDA and a device is visible.
 bool available();
+
+// Device routing (qmoe::route's semantics, spec §8) on `stream`: logits [T, E] (F32, BF16 or
+// F16) → topk_ids [T, K] int32 global ids, topk_weights [T, K] fp32; the correction bias [E] is
+// fp32 on the device (or null). Stream-ordered, no host synchronisation, capturable. The ids equal
+// route()'s up to exact fp32 score ties; the weights equal them within a few fp32 ulps. A token
+// with a non-finite logit gets ids 0..K−1 and NaN weights (its output row becomes NaN); check
+// inputs on the host first where an error is wanted. Config errors: qmoe::Error, before launch.
+void route_device(const RoutingConfig& rc, const void* d_logits, DType logits_dtype, int T, int E, int K,
+                  const float* d_correction_bias, int32_t* d_topk_ids, float* d_topk_weights, void* stream);
 int device_count();
 // "NVIDIA H200 (sm_90, 132 SMs, 143771 MiB)" or "" when there is no device.
 std::string device_description(int device = 0);
@@ -67,6 +76,13 @@ class CudaExperts {
   // Requires reserve(≥ T, K) first.
   void run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
                   float* d_out, bool router_weight_on_input, bool accumulate, void* stream) const;
+  // The same with the hidden states in the engine's dtype: x_dtype F32, BF16 or F16 ([T, H]
+  // row-major), read directly by the input quantizer (no conversion pass). A BF16 input is exact
+  // in bf16, so weight-only and unquantized schemes run GEMM1 with one MMA instead of hi + lo;
+  // the result equals run_device on the same values as fp32, bit for bit.
+  void run_device(const void* d_x, DType x_dtype, int T, int K, const int32_t* d_topk_ids,
+                  const float* d_topk_weights, float* d_out, bool router_weight_on_input, bool accumulate,
+                  void* stream) const;
 
   // Host convenience: copies the ExpertsArgs inputs to the device, runs, adds into a.out, syncs.
   // a.params is ignored (this object's parameters are used).

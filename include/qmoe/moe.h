@@ -19,6 +19,9 @@ namespace qmoe {
 // `correction_bias` [E] (may be null) is used for selection only.
 void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, const float* correction_bias,
            int32_t* topk_ids, float* topk_weights);
+// The configuration checks of route (sizes, groups, bias presence) without the data: qmoe::Error
+// naming the field. Shared by the CPU and device routing.
+void validate_routing(const RoutingConfig& rc, int T, int E, int K, bool has_bias);
 
 // Router logits = x [T, H] · W[E, H]ᵀ (+ bias [E]), fp32 products, fp64 accumulation rounded to fp32.
 void compute_router_logits(const float* x, int T, int H, const Tensor& weight, const Tensor* bias, float* logits);

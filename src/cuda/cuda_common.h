@@ -138,10 +138,12 @@ constexpr int kMaxLocalExperts = 4096;
 void launch_align(const AlignArgs& a, cudaStream_t s);
 
 // max |x·w| over [T, H] into *amax_bits (must be zeroed first); w = topk_w[t·K] when on_input.
-void launch_absmax_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+// Element type of the layer input x (hidden states) as the engine holds it.
+enum class XType : int { F32, BF16, F16 };
+void launch_absmax_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                          unsigned* amax_bits, cudaStream_t s);
 // GEMM1 input: x [T, H] (× topk_w[t·K] when on_input) quantized per token row into `out`.
-void launch_quant_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                         const RowQuant& q, const RowOut& out, cudaStream_t s);
 // GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
 // With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and

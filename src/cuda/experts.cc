@@ -652,7 +652,21 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
 
 void CudaExperts::run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
                              float* d_out, bool router_weight_on_input, bool accumulate, void* stream) const {
+  run_device(d_x, DType::F32, T, K, d_topk_ids, d_topk_weights, d_out, router_weight_on_input, accumulate, stream);
+}
+
+void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const int32_t* d_topk_ids,
+                             const float* d_topk_weights, float* d_out, bool router_weight_on_input, bool accumulate,
+                             void* stream) const {
   Impl& m = *impl_;
+  XType xt = XType::F32;
+  switch (x_dtype) {
+    case DType::F32: xt = XType::F32; break;
+    case DType::BF16: xt = XType::BF16; break;
+    case DType::F16: xt = XType::F16; break;
+    default:
+      throw Error("CUDA experts: hidden states must be F32, BF16 or F16, got " + std::string(dtype_name(x_dtype)));
+  }
   if (T <= 0) return;
   if (K <= 0 || T > m.max_T || int64_t{T} * K > int64_t{m.max_T} * m.max_K)
     throw Error("CUDA experts: run with T=" + std::to_string(T) + " K=" + std::to_string(K) +
@@ -684,23 +698,26 @@ void CudaExperts::run_device(const float* d_x, int T, int K, const int32_t* d_to
   unsigned* amax = m.amax.as<unsigned>();
   const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
   const bool rowscale = is_dyn_rowscale(sc.act);
+  // A bf16 input is its own hi part: GEMM1 runs on one MMA (the lo part would be zeros).
+  const AFmt af1 = (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
   RowQuant q1;
   q1.mode = sc.act;
   q1.mx_mode = m.mx_mode;
-  q1.split = m.af == AFmt::Bf16Split;
+  q1.split = af1 == AFmt::Bf16Split;
   q1.f16 = m.wf == WFmt::FP8;
   q1.static_scale = m.a13;
   q1.tensor_amax = amax;
   RowQuant q2 = q1;
+  q2.split = m.af == AFmt::Bf16Split;
   q2.static_scale = m.a2;
   q2.tensor_amax = amax + 1;
   if (dyn_tensor) {
     QMOE_CUDA_CHECK(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), s));
-    launch_absmax_input(d_x, T, m.H, d_topk_weights, K, router_weight_on_input, amax, s);
+    launch_absmax_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, amax, s);
   }
   const int eb = m.a_elem_bytes();
   RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
-  launch_quant_input(d_x, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, s);
+  launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
@@ -732,7 +749,7 @@ void CudaExperts::run_device(const float* d_x, int T, int K, const int32_t* d_to
     return g;
   };
   const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
-  launch_gemm(m.wf, m.af, pl.bt, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
+  launch_gemm(m.wf, af1, pl.bt, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,

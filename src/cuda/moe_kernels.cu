@@ -2,6 +2,8 @@
 // layer input, activation + intermediate quantization, combine, and the random fill used by the
 // benchmarks.
 #include <cub/block/block_scan.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
@@ -85,14 +87,22 @@ void launch_align(const AlignArgs& a, cudaStream_t s) {
 }
 
 // ---- input quantization ----------------------------------------------------------------------
-__global__ void absmax_kernel(const float* x, int T, int H, const float* w, int K, bool on_input, unsigned* amax) {
+template <XType X>
+__device__ __forceinline__ float load_x(const void* x, int64_t i) {
+  if constexpr (X == XType::BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
+  else if constexpr (X == XType::F16) return __half2float(static_cast<const __half*>(x)[i]);
+  else return static_cast<const float*>(x)[i];
+}
+
+template <XType X>
+__global__ void absmax_kernel(const void* x, int T, int H, const float* w, int K, bool on_input, unsigned* amax) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   float m = 0.0f;
   const int64_t n = static_cast<int64_t>(T) * H;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = x[i];
+    float v = load_x<X>(x, i);
     if (on_input) v *= w[(i / H) * K];
     m = fmaxf(m, fabsf(v));
   }
@@ -100,15 +110,19 @@ __global__ void absmax_kernel(const float* x, int T, int H, const float* w, int 
   if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
 }
 
-void launch_absmax_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
+void launch_absmax_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                          unsigned* amax_bits, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(T) * H;
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
-  launch_pdl(absmax_kernel, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits);
-  QMOE_CUDA_CHECK(cudaGetLastError());
+  switch (xt) {
+    case XType::F32: launch_pdl(absmax_kernel<XType::F32>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+    case XType::BF16: launch_pdl(absmax_kernel<XType::BF16>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+    case XType::F16: launch_pdl(absmax_kernel<XType::F16>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+  }
 }
 
-__global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const float* x, int H, const float* w, int K,
+template <XType X>
+__global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x, int H, const float* w, int K,
                                                                   bool on_input, const RowQuant q, const RowOut o) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
@@ -117,7 +131,7 @@ __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const float* x
   const int t = blockIdx.x;
   const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
-    const float v = x[static_cast<int64_t>(t) * H + h];
+    const float v = load_x<X>(x, static_cast<int64_t>(t) * H + h);
     sv[h] = on_input ? v * f : v;
   }
   __syncthreads();
@@ -132,13 +146,22 @@ static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configur
   configured = bytes;
 }
 
-void launch_quant_input(const float* x, int T, int H, const float* topk_w, int K, bool on_input,
-                        const RowQuant& q, const RowOut& out, cudaStream_t s) {
+template <XType X>
+void launch_quant_input_t(const void* x, int T, int H, const float* topk_w, int K, bool on_input, const RowQuant& q,
+                          const RowOut& out, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
   static std::atomic<size_t> cfg{0};
-  set_smem(reinterpret_cast<const void*>(quant_input_kernel), smem, cfg);
-  launch_pdl(quant_input_kernel, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out);
-  QMOE_CUDA_CHECK(cudaGetLastError());
+  set_smem(reinterpret_cast<const void*>(quant_input_kernel<X>), smem, cfg);
+  launch_pdl(quant_input_kernel<X>, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out);
+}
+
+void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
+                        const RowQuant& q, const RowOut& out, cudaStream_t s) {
+  switch (xt) {
+    case XType::F32: launch_quant_input_t<XType::F32>(x, T, H, topk_w, K, on_input, q, out, s); break;
+    case XType::BF16: launch_quant_input_t<XType::BF16>(x, T, H, topk_w, K, on_input, q, out, s); break;
+    case XType::F16: launch_quant_input_t<XType::F16>(x, T, H, topk_w, K, on_input, q, out, s); break;
+  }
 }
 
 // ---- activation ------------------------------------------------------------------------------

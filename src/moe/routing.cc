@@ -40,15 +40,21 @@ void softmax(const float* x, int n, float* out) {
 }
 
 void check_config(const RoutingConfig& rc, int T, int E, int K, const float* bias) {
-  if (T < 0) throw Error(fmt::format("route: token count T = {} is negative", T));
-  if (E < 1) throw Error(fmt::format("route: number of experts E = {} must be at least 1", E));
-  if (K < 1 || K > E) throw Error(fmt::format("route: top_k = {} must be in [1, E = {}]", K, E));
-  if (rc.has_correction_bias && bias == nullptr)
-    throw Error("route: the routing config uses e_score_correction_bias but none was given");
+  validate_routing(rc, T, E, K, bias != nullptr);
   if (bias != nullptr)
     for (int e = 0; e < E; ++e)
       if (!std::isfinite(bias[e]))
         throw Error(fmt::format("route: e_score_correction_bias[{}] = {} is not finite", e, bias[e]));
+}
+
+}  // namespace
+
+void validate_routing(const RoutingConfig& rc, int T, int E, int K, bool has_bias) {
+  if (T < 0) throw Error(fmt::format("route: token count T = {} is negative", T));
+  if (E < 1) throw Error(fmt::format("route: number of experts E = {} must be at least 1", E));
+  if (K < 1 || K > E) throw Error(fmt::format("route: top_k = {} must be in [1, E = {}]", K, E));
+  if (rc.has_correction_bias && !has_bias)
+    throw Error("route: the routing config uses e_score_correction_bias but none was given");
   if (rc.n_group > 1) {
     if (E % rc.n_group != 0)
       throw Error(fmt::format("route: num_experts {} is not divisible by n_group {}", E, rc.n_group));
@@ -59,8 +65,6 @@ void check_config(const RoutingConfig& rc, int T, int E, int K, const float* bia
                               rc.topk_group * (E / rc.n_group), rc.topk_group));
   }
 }
-
-}  // namespace
 
 void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, const float* correction_bias,
            int32_t* topk_ids, float* topk_weights) {

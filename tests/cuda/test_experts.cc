@@ -14,6 +14,7 @@
 //    and a systematic error fails every row.
 //  * kBf16 = 1e-2: CudaOptions::bf16_activations (activations and intermediate rounded to bf16
 //    once, rel. error 2^-9 per element — vLLM's precision).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "params_builder.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
+#include "qmoe/formats.h"
 #include "qmoe/moe.h"
 
 namespace qmoe::cuda::test {
@@ -269,6 +271,67 @@ TEST_P(CudaExpertsEdge, TilesAndSplits) {
       o.ksplit = ks;
       expect_exact(s, run_problem(s, pb, o), pb.T, "token_tile " + std::to_string(bt) + " ksplit " + std::to_string(ks));
     }
+}
+// Hidden states handed over as BF16 / F16 (engines' dtypes): the same output, bit for bit, as
+// the fp32 input holding the same values (the BF16 path also drops GEMM1's lo MMA).
+TEST_P(CudaExpertsEdge, Bf16AndF16InputsEqualF32OfTheSameValues) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
+  for (auto& v : x) v = nd(rng);
+  BuildSpec b;
+  b.scheme = &s;
+  b.E = pb.E;
+  b.H = pb.H;
+  b.I = pb.I;
+  b.act = pb.act;
+  b.bias = true;
+  b.seed = 3;
+  const ExpertParams p = build_params(b, x, pb.T);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  random_routing(pb.T, pb.K, pb.E, rng, ids, w, {});
+  CudaExperts ce(p, {});
+  ce.reserve(pb.T, pb.K);
+  const size_t n = x.size();
+  void *dx16 = nullptr, *dx32 = nullptr, *dids = nullptr, *dw = nullptr, *da = nullptr, *db = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx16, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dx32, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dids, ids.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    std::vector<uint16_t> x16(n);
+    std::vector<float> xr(n);
+    for (size_t i = 0; i < n; ++i) {
+      x16[i] = dt == DType::BF16 ? bf16_encode(x[i]) : fp16_encode(x[i]);
+      xr[i] = dt == DType::BF16 ? bf16_decode(x16[i]) : fp16_decode(x16[i]);
+    }
+    ASSERT_EQ(cudaMemcpy(dx16, x16.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dx32, xr.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ce.run_device(dx16, dt, pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw), static_cast<float*>(da),
+                  false, false, nullptr);
+    ce.run_device(static_cast<const float*>(dx32), pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
+                  static_cast<float*>(db), false, false, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> a(n), bb(n);
+    ASSERT_EQ(cudaMemcpy(a.data(), da, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(bb.data(), db, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(0, std::memcmp(a.data(), bb.data(), n * 4)) << GetParam() << " " << dtype_name(dt);
+    double norm = 0;
+    for (float v : a) norm += static_cast<double>(v) * v;
+    EXPECT_GT(norm, 0.0) << "the output was written";
+  }
+  EXPECT_THROW(ce.run_device(dx16, DType::I8, pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
+                             static_cast<float*>(da), false, false, nullptr),
+               Error);
+  for (void* q : {dx16, dx32, dids, dw, da, db}) cudaFree(q);
 }
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
