@@ -2,7 +2,8 @@
 // (src/moe/routing.cc, spec §8) on the GPU, stream-ordered and capturable, so that a layer runs
 // from logits to output without a host round trip.
 //
-// One CTA per token, the token's E logits in shared memory. Every top-k is an iterative argmax
+// A warp per token (experts in registers, no block barriers) for E ≤ 1024 and n_group ≤ 32;
+// otherwise one CTA per token, the token's E logits in shared memory. Every top-k is an iterative argmax
 // over a fixed reduction tree whose ties go to the lower id (as the CPU's scan), so the ids equal
 // route()'s wherever no two candidates round to the same fp32 score, and reruns are bit-identical.
 // Sums (the softmax denominator) use a fixed tree too: the weights may differ from route()'s by
@@ -219,6 +220,190 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const RouteArgs a)
   }
 }
 
+// ---- warp per token (E ≤ 32·V, n_group ≤ 32): no block barriers --------------------------------
+// Lane l holds experts e = j·32 + l (j < V). Same semantics and tie rules as route_kernel: every
+// argmax prefers the larger value, then the lower index; sums are per lane in j order, then a
+// fixed xor tree (deterministic).
+constexpr int kWarpTokens = 4;  // tokens (warps) per CTA
+
+struct WBest {
+  float v;
+  int i;
+  float s;  // the candidate's score (carried to the winner)
+};
+__device__ __forceinline__ WBest wbetter(WBest a, WBest b) {
+  if (b.i < 0) return a;
+  if (a.i < 0) return b;
+  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+}
+__device__ __forceinline__ WBest warp_argmax(WBest b) {
+  for (int o = 16; o > 0; o >>= 1) {
+    WBest x{__shfl_xor_sync(0xFFFFFFFFu, b.v, o), __shfl_xor_sync(0xFFFFFFFFu, b.i, o),
+            __shfl_xor_sync(0xFFFFFFFFu, b.s, o)};
+    b = wbetter(b, x);
+  }
+  return b;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return __shfl_sync(0xFFFFFFFFu, v, 0);  // lanes add in different orders: all take lane 0's sum
+}
+__device__ __forceinline__ float warp_fmax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Top-k of c (lane-held, V per lane) into ids / score-of-winner (lane 0's registers via smem);
+// winners are set to −∞ in c.
+template <int V>
+__device__ __forceinline__ void warp_topk(float (&c)[V], const float (&sc)[V], int E, int k, int32_t* out_i,
+                                          float* out_s) {
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < k; ++j) {
+    WBest b{-INFINITY, -1, 0.0f};
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int e = q * 32 + lane;
+      if (e < E) b = wbetter(b, WBest{c[q], e, sc[q]});
+    }
+    b = warp_argmax(b);
+    if (lane == 0) {
+      out_i[j] = b.i;
+      out_s[j] = b.s;
+    }
+#pragma unroll
+    for (int q = 0; q < V; ++q)
+      if (q * 32 + lane == b.i) c[q] = -INFINITY;
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(32 * kWarpTokens) route_warp_kernel(const RouteArgs a, int T) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
+  __shared__ int32_t s_id[kWarpTokens][kMaxRouteGroups];
+  __shared__ float s_sc[kWarpTokens][kMaxRouteGroups];
+  const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kWarpTokens + wi;
+  if (t >= T) return;
+  const int E = a.E, K = a.K;
+  float l[V], sc[V], c[V];
+  bool ok = true;
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const int e = q * 32 + lane;
+    l[q] = e < E ? load_logit(a, static_cast<int64_t>(t) * E + e) : 0.0f;
+    if (!isfinite(l[q])) ok = false;
+  }
+  int32_t* ids = a.ids + static_cast<int64_t>(t) * K;
+  float* w = a.weights + static_cast<int64_t>(t) * K;
+  if (!__all_sync(0xFFFFFFFFu, ok)) {
+    for (int k = lane; k < K; k += 32) {
+      ids[k] = k;
+      w[k] = NAN;
+    }
+    return;
+  }
+  int32_t* si = s_id[wi];
+  float* ss = s_sc[wi];
+  if (a.topk_then_softmax) {
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int e = q * 32 + lane;
+      c[q] = e < E ? (a.bias ? l[q] + a.bias[e] : l[q]) : -INFINITY;
+    }
+    warp_topk<V>(c, l, E, K, si, ss);  // ss = the selected logits
+    __syncwarp();
+    if (lane == 0) {
+      float m = ss[0];
+      for (int k = 1; k < K; ++k) m = fmaxf(m, ss[k]);
+      float s = 0.0f;
+      for (int k = 0; k < K; ++k) s += expf(ss[k] - m);
+      for (int k = 0; k < K; ++k) {
+        ids[k] = si[k];
+        w[k] = expf(ss[k] - m) / s * a.scale;
+      }
+    }
+    return;
+  }
+  if (a.scoring_sigmoid) {
+#pragma unroll
+    for (int q = 0; q < V; ++q) sc[q] = 1.0f / (1.0f + expf(-l[q]));
+  } else {
+    float m = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < V; ++q)
+      if (q * 32 + lane < E) m = fmaxf(m, l[q]);
+    m = warp_fmax(m);
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      sc[q] = q * 32 + lane < E ? expf(l[q] - m) : 0.0f;
+      s += sc[q];
+    }
+    s = warp_sum(s);
+#pragma unroll
+    for (int q = 0; q < V; ++q) sc[q] = sc[q] / s;
+  }
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const int e = q * 32 + lane;
+    c[q] = e < E ? (a.bias ? sc[q] + a.bias[e] : sc[q]) : -INFINITY;
+  }
+  if (a.n_group > 1 && a.topk_group < a.n_group) {
+    const int G = a.n_group, gs = E / G;
+    float gsc = -INFINITY;  // lane g: score of group g
+    for (int g = 0; g < G; ++g) {
+      WBest b0{-INFINITY, -1, 0.0f};
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        const int e = q * 32 + lane;
+        if (e < E && e / gs == g) b0 = wbetter(b0, WBest{c[q], e, 0.0f});
+      }
+      b0 = warp_argmax(b0);
+      float v = b0.v;
+      if (a.bias && gs >= 2) {  // plus the second best of the group
+        WBest b1{-INFINITY, -1, 0.0f};
+#pragma unroll
+        for (int q = 0; q < V; ++q) {
+          const int e = q * 32 + lane;
+          if (e < E && e / gs == g && e != b0.i) b1 = wbetter(b1, WBest{c[q], e, 0.0f});
+        }
+        b1 = warp_argmax(b1);
+        v = v + b1.v;
+      }
+      if (lane == g) gsc = v;
+    }
+    // Kept groups: top-topk_group of the group scores (lane g holds group g).
+    bool kept = false;
+    for (int j = 0; j < a.topk_group; ++j) {
+      WBest b = warp_argmax(lane < G ? WBest{gsc, lane, 0.0f} : WBest{-INFINITY, -1, 0.0f});
+      if (lane == b.i) {
+        kept = true;
+        gsc = -INFINITY;
+      }
+    }
+    const unsigned keep_mask = __ballot_sync(0xFFFFFFFFu, kept);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int e = q * 32 + lane;
+      if (e < E && !((keep_mask >> (e / gs)) & 1u)) c[q] = -INFINITY;
+    }
+  }
+  warp_topk<V>(c, sc, E, K, si, ss);
+  __syncwarp();
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += ss[k];
+    for (int k = 0; k < K; ++k) {
+      float v = ss[k];
+      if (a.renormalize && sum > 0.0f) v = v / sum;
+      ids[k] = si[k];
+      w[k] = a.scale != 1.0f ? v * a.scale : v;
+    }
+  }
+}
+
 }  // namespace
 
 void route_device(const RoutingConfig& rc, const void* d_logits, DType logits_dtype, int T, int E, int K,
@@ -252,6 +437,17 @@ void route_device(const RoutingConfig& rc, const void* d_logits, DType logits_dt
   a.scale = rc.routed_scaling_factor;
   a.ids = d_topk_ids;
   a.weights = d_topk_weights;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  // Warp per token where the experts fit a warp's registers and the groups its lanes.
+  if (E <= 1024 && (rc.n_group <= 32)) {
+    const int grid = (T + kWarpTokens - 1) / kWarpTokens;
+    const int V = (E + 31) / 32;
+    if (V <= 1) launch_pdl(route_warp_kernel<1>, grid, 32 * kWarpTokens, 0, st, a, T);
+    else if (V <= 4) launch_pdl(route_warp_kernel<4>, grid, 32 * kWarpTokens, 0, st, a, T);
+    else if (V <= 8) launch_pdl(route_warp_kernel<8>, grid, 32 * kWarpTokens, 0, st, a, T);
+    else launch_pdl(route_warp_kernel<32>, grid, 32 * kWarpTokens, 0, st, a, T);
+    return;
+  }
   const size_t smem = sizeof(float) * 2 * static_cast<size_t>(E);
   static const bool configured = [] {
     QMOE_CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -259,7 +455,7 @@ void route_device(const RoutingConfig& rc, const void* d_logits, DType logits_dt
     return true;
   }();
   (void)configured;
-  launch_pdl(route_kernel, T, kRouteThreads, smem, static_cast<cudaStream_t>(stream), a);
+  launch_pdl(route_kernel, T, kRouteThreads, smem, st, a);
 }
 
 }  // namespace qmoe::cuda

@@ -1,7 +1,8 @@
 // Device routing (route_device) against the CPU route() for every routing flavour the configs
 // produce (softmax ± renormalisation, sigmoid + correction bias + grouped top-k + scaling,
 // top-k-then-softmax), top-k = E, T = 1, many experts, bf16 / f16 logits, non-finite logits,
-// determinism. Tolerance: ids identical (random normal logits have no fp32 score ties); weights
+// determinism — on both device kernels (warp per token for E ≤ 1024 and n_group ≤ 32, block per
+// token otherwise). Tolerance: ids identical (random normal logits have no fp32 score ties); weights
 // within kWeightRel = 4e-6 relative (the device softmax denominator is summed in another order and
 // expf differs from the host's by ≤ 2 ulps: a few ulps of fp32).
 #include <cuda_runtime.h>
@@ -86,6 +87,18 @@ std::vector<Case> cases() {
   RoutingConfig oss;  // gpt-oss
   oss.topk_then_softmax = true;
   v.push_back({"gpt_oss_topk_softmax", oss, 29, 128, 4});
+  oss.has_correction_bias = true;
+  v.push_back({"topk_softmax_bias_odd_E", oss, 7, 45, 5, true});
+  // Block-per-token kernel (E > 1024 or n_group > 32) for the same flavours.
+  v.push_back({"block_softmax_E1536", qwen, 6, 1536, 8});
+  RoutingConfig many_groups = ds;
+  many_groups.n_group = 64;
+  many_groups.topk_group = 16;
+  v.push_back({"block_grouped_64_groups", many_groups, 5, 512, 8, true});
+  RoutingConfig big_groups = ds;  // warp kernel, groups of 100 experts spanning lanes
+  big_groups.n_group = 10;
+  big_groups.topk_group = 3;
+  v.push_back({"warp_grouped_wide_groups", big_groups, 11, 1000, 12, true});
   return v;
 }
 
