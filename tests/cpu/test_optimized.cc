@@ -323,9 +323,9 @@ TEST(Optimized, EmptyInputsAndErrors) {
   EXPECT_THROW(experts_optimized(a, 2), Error);
 }
 
-// Unquantized weights stored as BF16 / F16 as well as F32.
+// Unquantized weights stored as BF16 (the default), F16 and F32.
 TEST(Optimized, UnquantizedStorageDtypes) {
-  for (DType dt : {DType::BF16, DType::F16}) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
     RandomExpertsSpec spec;
     spec.scheme = find_scheme("unquantized");
     spec.num_experts = 4;
