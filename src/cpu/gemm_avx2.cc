@@ -239,11 +239,11 @@ inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, in
 struct Prefetch {
   const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
   int64_t dist = 0;
-  int num = 1, den = 1;           // bytes per element = num / den
+  int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
   template <int kStep>
   void at(int i, int k) const {
     if (base == nullptr) return;
-    prefetch_seq(base, dist, k / kStep, i, kStep * num / den);
+    prefetch_seq(base, dist, k / kStep, i, kStep * q4 / 4);
   }
 };
 Prefetch prefetch_of(const WeightView& w, int n0) {
@@ -251,11 +251,11 @@ Prefetch prefetch_of(const WeightView& w, int n0) {
   p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
   p.dist = prefetch_distance(kNR * w.row_bytes);
   switch (w.fmt) {
-    case WeightFormat::BF16: p.num = w.dtype == DType::F32 ? 4 : 2; break;
+    case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
     case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: p.den = 2; break;
+    case WeightFormat::Nvfp4: p.q4 = 2; break;
     case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: p.num = 3, p.den = 4; break;
+    case WeightFormat::Mxfp6E3M2: p.q4 = 3; break;
     default: break;
   }
   return p;
@@ -462,6 +462,7 @@ void gemm_i8(const GemmArgs& a) {
 void gemm_avx2(const GemmArgs& a) {
   switch (a.layout->kind) {
     case DotKind::I8: gemm_i8(a); break;
+    case DotKind::Bf16: scalar_kernels().gemm(a); break;  // not selected on AVX2 (dot_kind_for)
     default: gemm_f32(a); break;  // W4A4 uses the F32 kind on AVX2 (dot_kind_for)
   }
 }

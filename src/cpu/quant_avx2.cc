@@ -152,7 +152,8 @@ void quantize_row_avx2(const QuantRowArgs& a) {
   const float* x = a.x;
   const int k = l.k;
   const Row r{l, a.dst};
-  if (l.kind == DotKind::Fp4Mx || l.kind == DotKind::Fp4Nv) return quantize_row_scalar(a);  // not used on AVX2
+  if (l.kind == DotKind::Fp4Mx || l.kind == DotKind::Fp4Nv || l.kind == DotKind::Bf16)
+    return quantize_row_scalar(a);  // not used on AVX2
   std::memset(a.dst, 0, 64);
   {
     const int from = l.fp4_order ? (k & ~63) : (k & ~31);
