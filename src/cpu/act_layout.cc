@@ -109,8 +109,8 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
 DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
-  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Mx;
-  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Nv;
+  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return DotKind::Fp4Mx;
+  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   if (isa == Isa::Avx512Bf16) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as

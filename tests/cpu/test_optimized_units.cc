@@ -34,11 +34,10 @@ std::vector<Isa> isas() {
   return v;
 }
 
-// Whether `isa`'s kernels implement `kind` (dot_kind_for selects it there): AVX2 has no W4A4
-// integer kinds; only the scalar and avx512bf16 targets have Bf16.
+// Whether `isa`'s kernels implement `kind` (dot_kind_for selects it there): only the scalar and
+// avx512bf16 targets have Bf16.
 bool implements(Isa isa, DotKind kind) {
   if (kind == DotKind::Bf16) return isa == Isa::Scalar || isa == Isa::Avx512Bf16;
-  if (kind == DotKind::Fp4Mx || kind == DotKind::Fp4Nv) return isa != Isa::Avx2;
   return true;
 }
 
