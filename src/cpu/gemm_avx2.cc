@@ -269,11 +269,14 @@ void f32_kernel(const D& dec, const Prefetch& pf, const float* const* act, int k
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
   for (int k = 0; k < kend; k += D::kStep) {
+#pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m256 w[V];
       pf.template at<D::kStep>(i, k);
       dec.load(i, k, w);
+#pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
         for (int j = 0; j < V; ++j) acc[t][i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(act[t] + k + 8 * j), acc[t][i]);
     }
   }
@@ -437,6 +440,7 @@ void fp4_kernel(const GemmArgs& a, const Fp4Rows& wr, const uint8_t* const* act,
     const bool full = k + 64 <= K;  // else 32 elements (MX, K % 64 == 32) or 16 / 48 (NVFP4)
     __m256i wlo[kNR], whi[kNR];
     __m256 wsv[kNR];
+#pragma GCC unroll 2
     for (int i = 0; i < kNR; ++i) {
       pf.at<64>(i, k);
       const uint8_t* p = wr.row[i] + (k >> 1);
@@ -451,6 +455,7 @@ void fp4_kernel(const GemmArgs& a, const Fp4Rows& wr, const uint8_t* const* act,
       whi[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4));
       wsv[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[i] + c * kBlocks), lane_block);
     }
+#pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       const uint8_t* row = act[t];
       const int8_t* v = reinterpret_cast<const int8_t*>(row + l.vals_off) + k;
@@ -462,6 +467,7 @@ void fp4_kernel(const GemmArgs& a, const Fp4Rows& wr, const uint8_t* const* act,
       // Activation block scales of this chunk (the layout keeps ≥ 16 zero floats of slack).
       const __m256 asv = _mm256_permutevar8x32_ps(
           _mm256_loadu_ps(reinterpret_cast<const float*>(row + l.scales_off) + c * kBlocks), lane_block);
+#pragma GCC unroll 2
       for (int i = 0; i < kNR; ++i) {
         const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo[i], alo), _mm256_maddubs_epi16(whi[i], ahi));
         const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), cv);

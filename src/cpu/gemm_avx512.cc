@@ -267,11 +267,14 @@ void f32_kernel(const D& dec, const Prefetch& pf, const float* const* act, int k
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
   for (int k = 0; k < kend; k += D::kStep) {
+#pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512 w[V];
       pf.template at<D::kStep>(i, k);
       dec.load(i, k, w);
+#pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[t][i] = _mm512_fmadd_ps(w[v], _mm512_loadu_ps(act[t] + k + 16 * v), acc[t][i]);
     }
   }
