@@ -106,7 +106,7 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
   }
 }
 
-DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage) {
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage, double tokens_per_expert) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
   if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return DotKind::Fp4Mx;
@@ -116,12 +116,13 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as
     // are quantized intermediates; an unquantized intermediate needs 3 terms, 1.5× the fp32 FMA
     // work, so GEMM2 of bf16 / MXFP4 weight-only schemes keeps the F32 kind (measured faster from
-    // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms (Bf16 faster at
-    // 1–4 tokens per expert, the decode regime). bench/RESULTS.md, 2026-12-02.
+    // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms below ~8
+    // tokens per expert (the decode regime), not above. bench/RESULTS.md, 2026-12-02.
     const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) || is_mx_weight(s.weight);
     if (bf16_weights) {
       const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
-      if (!fp32_input || s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2) return DotKind::Bf16;
+      const bool fp6 = s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2;
+      if (!fp32_input || (fp6 && tokens_per_expert < 8.0)) return DotKind::Bf16;
     }
   }
   return DotKind::F32;

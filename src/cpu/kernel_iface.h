@@ -70,8 +70,10 @@ int act_value_position(const ActLayout& l, int i);
 void act_row_values(const ActLayout& l, const uint8_t* row, double* out);
 
 // The dot-product kind of GEMM `gemm` (1 or 2) for a scheme on an ISA; `unquantized_storage`: the
-// dtype of unquantized weights (both projections), BF16 / F16 / F32.
-DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage = DType::BF16);
+// dtype of unquantized weights (both projections), BF16 / F16 / F32; `tokens_per_expert`: the
+// call's average routed tokens per local expert (T·K / E_loc; only a speed choice).
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage = DType::BF16,
+                     double tokens_per_expert = 1.0);
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
