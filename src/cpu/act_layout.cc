@@ -118,7 +118,8 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // work, so GEMM2 of bf16 / MXFP4 weight-only schemes keeps the F32 kind (measured faster from
     // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms below ~8
     // tokens per expert (the decode regime), not above. bench/RESULTS.md, 2026-12-02.
-    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) || is_mx_weight(s.weight);
+    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
+                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
     if (bf16_weights) {
       const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
       const bool fp6 = s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2;
@@ -158,6 +159,19 @@ MxBf16Table mx_bf16_table(WeightFormat f) {
   const int e = f == WeightFormat::Mxfp4 ? 0 : f == WeightFormat::Mxfp6E2M3 ? 1 : 2;
   if (!is_mx_weight(f)) throw Error("internal: mx_bf16_table of a non-MX format");
   return {b->codes[e], b->smin[e], b->smax[e]};
+}
+
+const uint16_t* fp8_bf16_magnitudes() {
+  static const uint16_t* t = [] {
+    auto* a = new uint16_t[128];
+    for (int c = 0; c < 128; ++c) {
+      const float v = fp8_e4m3_decode(static_cast<uint8_t>(c));
+      a[c] = bf16_encode(v);
+      if (!std::isnan(v) && bf16_decode(a[c]) != v) throw Error("internal: an FP8 value is not exact in bf16");
+    }
+    return a;
+  }();
+  return t;
 }
 
 void split_bf16_terms(const ActLayout& l, const float* vals, uint8_t* row) {

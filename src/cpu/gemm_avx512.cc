@@ -392,6 +392,25 @@ struct BDecBf16 {
   }
 };
 
+// FP8 E4M3 (per-channel / per-tensor scale in the epilogue): the 7-bit magnitude through two
+// 64-entry vpermt2w tables selected by bit 6, the sign bit moved to bit 15. Exact (subnormal fp8
+// values are normal bf16); NaN codes give NaN.
+struct BDecFp8 {
+  RowSet rs;
+  int K;
+  __m512i t0, t1, t2, t3;  // magnitudes 0..31, 32..63, 64..95, 96..127
+  static constexpr int kStep = 32;
+  void load(int i, int k, __m512i* w) const {
+    const uint8_t* p = rs.row[i] + k;
+    const __m256i raw = k + 32 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                    : _mm256_maskz_loadu_epi8(mask32(K - k), p);
+    const __m512i x = _mm512_cvtepu8_epi16(raw);
+    const __m512i lo = _mm512_permutex2var_epi16(t0, x, t1), hi = _mm512_permutex2var_epi16(t2, x, t3);
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+    w[0] = _mm512_ternarylogic_epi64(mag, _mm512_slli_epi16(x, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
+  }
+};
+
 // bf16 table of 32 words: block b's 16 codes in words 0..15, block b+1's in 16..31 (MXFP4), or one
 // block's 64 codes in two vectors (MXFP6), each nonzero entry's exponent raised by s − 127.
 inline __m512i raise_exponents(__m512i tab, __mmask32 nonzero, __m512i delta) {
@@ -605,6 +624,13 @@ void gemm_bf16(const GemmArgs& a) {
       const __mmask32 nzh = _mm512_test_epi16_mask(hi, _mm512_set1_epi16(0x7FFF));
       run_bf16<BDecMxfp6>(a, [&](const int* r) { return BDecMxfp6{row_set(w, r, K / 32), K, lo, hi, nzl, nzh}; }, K / 32,
                           t.smin, t.smax);
+      break;
+    }
+    case WeightFormat::Fp8E4M3: {
+      const uint16_t* t = fp8_bf16_magnitudes();
+      const __m512i t0 = _mm512_loadu_si512(t), t1 = _mm512_loadu_si512(t + 32), t2 = _mm512_loadu_si512(t + 64),
+                    t3 = _mm512_loadu_si512(t + 96);
+      run_bf16<BDecFp8>(a, [&](const int* r) { return BDecFp8{row_set(w, r, 0), K, t0, t1, t2, t3}; }, 0, 0, 0);
       break;
     }
     default:  // not selected by dot_kind_for

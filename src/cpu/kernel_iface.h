@@ -180,6 +180,8 @@ struct MxBf16Table {
   int smin = 0, smax = 0;
 };
 MxBf16Table mx_bf16_table(WeightFormat f);
+// bf16 bits of the 128 FP8 E4M3 magnitudes (codes 0x00..0x7F; 0x7F → NaN), exact in bf16.
+const uint16_t* fp8_bf16_magnitudes();
 // Bf16 kind: splits the fp32 values vals[0..k_pad) (stored order) into the term rows of `row` and
 // sets the header's term count (the scalar definition of the split).
 void split_bf16_terms(const ActLayout& l, const float* vals, uint8_t* row);

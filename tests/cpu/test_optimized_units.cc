@@ -287,7 +287,7 @@ TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
     w.scales = c.scales.empty() ? nullptr : c.scales.data();
     w.nv_global = c.nv_global;
     for (DotKind kind : {DotKind::F32, DotKind::Bf16}) {
-    if (kind == DotKind::Bf16 && !(is_mx_weight(c.fmt) || c.dtype == DType::BF16)) continue;
+    if (kind == DotKind::Bf16 && !(is_mx_weight(c.fmt) || c.dtype == DType::BF16 || c.fmt == WeightFormat::Fp8E4M3)) continue;
     const ActLayout layout = make_act_layout(kind, c.fmt, c.K);
     // Act rows: e_j (value 1 at j's stored position), row scale 1.
     std::vector<uint8_t> act(static_cast<size_t>(layout.stride * c.K), 0);
@@ -355,7 +355,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Bf16, WeightFormat::Mxfp6E2M3, ActQuant::None, 96},
                                 {DotKind::Bf16, WeightFormat::Mxfp6E3M2, ActQuant::Fp8DynToken, 64},
                                 {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 72},
-                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 200}};
+                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 200},
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8Static, 128}};
   for (const K& kc : kinds) {
     const int rows = 39, ntok = 11, k = kc.k;  // rows 1..38: two 16-row tiles + a remainder (≥ 10 tokens)
     const bool bf16w = kc.fmt == WeightFormat::BF16;
