@@ -48,8 +48,9 @@ struct ExpertParams {
   std::string prefix;           // checkpoint prefix of these experts (e.g. "model.layers.3.mlp.experts"), for messages
 
   // [E_loc, 2·I_p, packed(H)]: U8 fp4 pairs (even element in the low nibble) / fp6 4-in-3 bytes (MX,
-  // NVFP4); I8 (INT8); F8_E4M3 (FP8); F32 for unquantized (the exact checkpoint BF16 / F16 / F32
-  // values). Rows: gate then up (interleaved for gpt-oss).
+  // NVFP4); I8 (INT8); F8_E4M3 (FP8); unquantized: the checkpoint's own dtype, BF16 / F16 / F32
+  // (exactly the stored bytes; F32 when the tensors mix dtypes; BF16 from create_expert_params).
+  // Rows: gate then up (interleaved for gpt-oss).
   Tensor w13_weight;
   // [E_loc, H, packed(I_p)], same element formats.
   Tensor w2_weight;

@@ -2,8 +2,10 @@
 // every SIMD quantizer is tested against; it follows ref::act_qdq_row rule by rule).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/kernel_iface.h"
 #include "qmoe/error.h"
@@ -39,9 +41,11 @@ ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k) {
   l.fp4_order = consumer == WeightFormat::Mxfp4 || consumer == WeightFormat::Nvfp4;
   l.k = k;
   l.k_pad = static_cast<int>(round_up(k, 64));
-  l.elem_bytes = kind == DotKind::F32 ? 4 : 1;
+  l.elem_bytes = kind == DotKind::F32 ? 4 : kind == DotKind::Bf16 ? 2 : 1;
   l.vals_off = 64;
-  int64_t end = l.vals_off + static_cast<int64_t>(l.k_pad) * l.elem_bytes;
+  l.term_bytes = static_cast<int64_t>(l.k_pad) * l.elem_bytes;
+  l.vals_bytes = kind == DotKind::Bf16 ? kBf16Terms * l.term_bytes : l.term_bytes;
+  int64_t end = l.vals_off + l.vals_bytes;
   if (kind == DotKind::Fp4Mx || kind == DotKind::Fp4Nv) {
     l.block = kind == DotKind::Fp4Mx ? kMxBlock : kNvfp4Block;
     if (k % l.block != 0)
@@ -78,6 +82,18 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
         break;
       }
       case DotKind::I8: out[i] = static_cast<double>(static_cast<int8_t>(vals[p])) * rs; break;
+      case DotKind::Bf16: {
+        int32_t nt;
+        std::memcpy(&nt, row + 8, 4);
+        double v = 0.0;
+        for (int t = 0; t < nt; ++t) {
+          uint16_t h;
+          std::memcpy(&h, vals + t * l.term_bytes + 2 * p, 2);
+          v += static_cast<double>(bf16_decode(h));
+        }
+        out[i] = v * rs;
+        break;
+      }
       case DotKind::Fp4Mx:
       case DotKind::Fp4Nv: {
         float bs;
@@ -90,12 +106,104 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
   }
 }
 
-DotKind dot_kind_for(const SchemeInfo& s, Isa isa) {
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage, double tokens_per_expert) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
-  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Mx;
-  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return isa == Isa::Avx2 ? DotKind::F32 : DotKind::Fp4Nv;
+  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return DotKind::Fp4Mx;
+  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
+  if (isa == Isa::Avx512Bf16) {
+    // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
+    // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as
+    // are quantized intermediates; an unquantized intermediate needs 3 terms, 1.5× the fp32 FMA
+    // work, so GEMM2 of bf16 / MXFP4 weight-only schemes keeps the F32 kind (measured faster from
+    // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms below ~8
+    // tokens per expert (the decode regime), not above. bench/RESULTS.md, 2026-12-02.
+    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
+                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
+    if (bf16_weights) {
+      const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
+      const bool fp6 = s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2;
+      if (!fp32_input || (fp6 && tokens_per_expert < 8.0)) return DotKind::Bf16;
+    }
+  }
   return DotKind::F32;
+}
+
+MxBf16Table mx_bf16_table(WeightFormat f) {
+  struct Built {
+    uint16_t codes[3][64];
+    int smin[3], smax[3];
+  };
+  static const Built* b = [] {
+    auto* t = new Built{};
+    const MxElem elems[3] = {MxElem::Fp4E2M1, MxElem::Fp6E2M3, MxElem::Fp6E3M2};
+    for (int e = 0; e < 3; ++e) {
+      const int n = e == 0 ? 16 : 64;
+      int emin = 255, emax = 0;
+      for (int c = 0; c < n; ++c) {
+        const float v = mx_elem_decode(elems[e], static_cast<uint8_t>(c));
+        t->codes[e][c] = bf16_encode(v);
+        if (bf16_decode(t->codes[e][c]) != v) throw Error("internal: an MX code is not exact in bf16");
+        const int ef = (t->codes[e][c] >> 7) & 0xFF;
+        if (v != 0.0f) {
+          emin = std::min(emin, ef);
+          emax = std::max(emax, ef);
+        }
+      }
+      // exponent field ef + (s − 127) must stay in [1, 254]
+      t->smin[e] = 127 + 1 - emin;
+      t->smax[e] = 127 + 254 - emax;
+    }
+    return t;
+  }();
+  const int e = f == WeightFormat::Mxfp4 ? 0 : f == WeightFormat::Mxfp6E2M3 ? 1 : 2;
+  if (!is_mx_weight(f)) throw Error("internal: mx_bf16_table of a non-MX format");
+  return {b->codes[e], b->smin[e], b->smax[e]};
+}
+
+const uint16_t* fp8_bf16_magnitudes() {
+  static const uint16_t* t = [] {
+    auto* a = new uint16_t[128];
+    for (int c = 0; c < 128; ++c) {
+      const float v = fp8_e4m3_decode(static_cast<uint8_t>(c));
+      a[c] = bf16_encode(v);
+      if (!std::isnan(v) && bf16_decode(a[c]) != v) throw Error("internal: an FP8 value is not exact in bf16");
+    }
+    return a;
+  }();
+  return t;
+}
+
+void split_bf16_terms(const ActLayout& l, const float* vals, uint8_t* row) {
+  uint16_t* t0 = reinterpret_cast<uint16_t*>(row + l.vals_off);
+  uint16_t* t1 = reinterpret_cast<uint16_t*>(row + l.vals_off + l.term_bytes);
+  uint16_t* t2 = reinterpret_cast<uint16_t*>(row + l.vals_off + 2 * l.term_bytes);
+  bool any1 = false, any2 = false;
+  for (int i = 0; i < l.k_pad; ++i) {
+    const float v = vals[i];
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if (!std::isfinite(v)) {
+      t0[i] = std::isnan(v) ? static_cast<uint16_t>(0x7FC0 | ((u >> 16) & 0x8000)) : static_cast<uint16_t>(u >> 16);
+      t1[i] = t2[i] = 0;
+      continue;
+    }
+    auto hi = [](float x) {
+      uint32_t b;
+      std::memcpy(&b, &x, 4);
+      return static_cast<uint16_t>(b >> 16);
+    };
+    const float h = bf16_decode(hi(v));
+    const float r = v - h;  // exact
+    const float m = bf16_decode(hi(r));
+    t0[i] = hi(v);
+    t1[i] = hi(r);
+    t2[i] = hi(r - m);  // exact and bf16-representable
+    any1 = any1 || t1[i] != 0;
+    any2 = any2 || t2[i] != 0;
+  }
+  const int32_t nt = any2 ? 3 : any1 ? 2 : 1;
+  std::memcpy(row + 8, &nt, 4);
 }
 
 float bias_value(const WeightView& w, int n) {
@@ -178,11 +286,25 @@ void quantize_row_scalar(const QuantRowArgs& a) {
   const float* x = a.x;
   const int k = l.k;
   uint8_t* dst = a.dst;
-  std::memset(dst, 0, static_cast<size_t>(l.vals_off + static_cast<int64_t>(l.k_pad) * l.elem_bytes));
+  if (l.kind == DotKind::Bf16) {  // the F32 kind's values, then split into bf16 terms
+    const ActLayout lf = make_act_layout(DotKind::F32, l.fp4_order ? WeightFormat::Mxfp4 : WeightFormat::BF16, k);
+    thread_local std::vector<uint8_t> tmp;
+    tmp.resize(static_cast<size_t>(lf.stride));
+    QuantRowArgs q = a;
+    q.layout = &lf;
+    q.dst = tmp.data();
+    quantize_row_scalar(q);
+    std::memset(dst, 0, static_cast<size_t>(l.stride));
+    std::memcpy(dst, tmp.data(), 8);  // row scale, code sum
+    split_bf16_terms(l, reinterpret_cast<const float*>(tmp.data() + lf.vals_off), dst);
+    return;
+  }
+  std::memset(dst, 0, static_cast<size_t>(l.vals_off + l.vals_bytes));
   if (l.scales_off > 0) std::memset(dst + l.scales_off, 0, static_cast<size_t>(l.stride - l.scales_off));
   float row_scale = 1.0f;
   int32_t sum = 0;
   switch (l.kind) {
+    case DotKind::Bf16: break;  // handled above
     case DotKind::F32: {
       float* v = reinterpret_cast<float*>(dst + l.vals_off);
       auto put = [&](int i, float val) { v[act_value_position(l, i)] = val; };

@@ -371,9 +371,10 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   c.act = act_params_of(p.act);
   c.rule1 = ref::gemm1_act_rule(p);
   c.rule2 = ref::gemm2_act_rule(p);
-  const DotKind dk = dot_kind_for(*p.scheme, isa);
-  c.L1 = make_act_layout(dk, p.scheme->weight, c.H);
-  c.L2 = make_act_layout(dk, p.scheme->weight, c.I);
+  const DType ustore = p.w13_weight.dtype() == p.w2_weight.dtype() ? p.w13_weight.dtype() : DType::F32;
+  const double tpe = static_cast<double>(std::min(a.T, opt.chunk_tokens)) * a.K / p.num_local;
+  c.L1 = make_act_layout(dot_kind_for(*p.scheme, isa, 1, ustore, tpe), p.scheme->weight, c.H);
+  c.L2 = make_act_layout(dot_kind_for(*p.scheme, isa, 2, ustore, tpe), p.scheme->weight, c.I);
   c.v13.reserve(static_cast<size_t>(p.num_local));
   c.v2.reserve(static_cast<size_t>(p.num_local));
   for (int e = 0; e < p.num_local; ++e) {

@@ -4,7 +4,8 @@
 //   F32 : 32 weights per step as four 8-lane fp32 vectors (fp4: 8-entry magnitude table × block
 //         scale through vpermps plus the sign bit; fp8 / fp6 by shift/mask bit tricks).
 //   I8  : int8 sign-extended to int16, vpmaddwd into int32 (exact; vpmaddubsw could saturate).
-// W4A4 schemes use the F32 kind on AVX2. No library inline code here (see gemm_avx512.cc).
+//   Fp4Mx / Fp4Nv (W4A4): nibble → int8 table (vpshufb), vpmaddubsw / vpmaddwd exact block sums.
+// No library inline code here (see gemm_avx512.cc).
 // GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
 // variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -239,11 +240,11 @@ inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, in
 struct Prefetch {
   const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
   int64_t dist = 0;
-  int num = 1, den = 1;           // bytes per element = num / den
+  int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
   template <int kStep>
   void at(int i, int k) const {
     if (base == nullptr) return;
-    prefetch_seq(base, dist, k / kStep, i, kStep * num / den);
+    prefetch_seq(base, dist, k / kStep, i, kStep * q4 / 4);
   }
 };
 Prefetch prefetch_of(const WeightView& w, int n0) {
@@ -251,11 +252,11 @@ Prefetch prefetch_of(const WeightView& w, int n0) {
   p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
   p.dist = prefetch_distance(kNR * w.row_bytes);
   switch (w.fmt) {
-    case WeightFormat::BF16: p.num = w.dtype == DType::F32 ? 4 : 2; break;
+    case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
     case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: p.den = 2; break;
+    case WeightFormat::Nvfp4: p.q4 = 2; break;
     case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: p.num = 3, p.den = 4; break;
+    case WeightFormat::Mxfp6E3M2: p.q4 = 3; break;
     default: break;
   }
   return p;
@@ -268,11 +269,14 @@ void f32_kernel(const D& dec, const Prefetch& pf, const float* const* act, int k
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
   for (int k = 0; k < kend; k += D::kStep) {
+#pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m256 w[V];
       pf.template at<D::kStep>(i, k);
       dec.load(i, k, w);
+#pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
         for (int j = 0; j < V; ++j) acc[t][i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(act[t] + k + 8 * j), acc[t][i]);
     }
   }
@@ -403,6 +407,118 @@ void gemm_f32(const GemmArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// W4A4 (Fp4Mx / Fp4Nv): exact int8 dot products of 2·e2m1 values. Weights: a 16-entry byte table
+// (vpshufb on the nibbles) gives 2·e2m1 + 12 ∈ [0, 24] (unsigned); activations: the layout's int8
+// 2·e2m1 values (signed). vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus
+// high-nibble halves: |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32:
+// lane j of a 64-chunk covers the act positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4:
+// block 2c, else 2c+1) or one NVFP4 block (j / 2). Adding the layout's correction words (−12 · Σ of
+// those 4 values, ActLayout::corr_off) removes the offset, so every lane is an exact integer partial
+// sum of one block; it is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight
+// block factor) and added to an fp32 accumulator (MX: powers of two, exact products).
+const int8_t kE2m1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+struct Fp4Rows {
+  const uint8_t* row[kNR];
+  const float* factor[kNR];  // per block: the weight block factor (MX 2^(s−127), NVFP4 fp8(s)·ws2), then ≥ 8 zeros
+};
+
+template <bool kMx, int NT>
+void fp4_kernel(const GemmArgs& a, const Fp4Rows& wr, const uint8_t* const* act, const Prefetch& pf, float (*res)[kNR]) {
+  const ActLayout& l = *a.layout;
+  const int K = a.w->cols;
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2m1x2Plus12)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  // Lane → block within the chunk: MX lanes 0–3 block 0, 4–7 block 1; NVFP4 lane j block j / 2.
+  const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  constexpr int kBlocks = kMx ? 2 : 4;  // blocks per 64-chunk
+  __m256 acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
+  for (int k = 0; k < K; k += 64) {
+    const int c = k >> 6;
+    const bool full = k + 64 <= K;  // else 32 elements (MX, K % 64 == 32) or 16 / 48 (NVFP4)
+    __m256i wlo[kNR], whi[kNR];
+    __m256 wsv[kNR];
+#pragma GCC unroll 2
+    for (int i = 0; i < kNR; ++i) {
+      pf.at<64>(i, k);
+      const uint8_t* p = wr.row[i] + (k >> 1);
+      __m256i bytes;
+      if (full) {
+        bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      } else {
+        uint8_t tmp[32];
+        bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(p, (K - k) >> 1, tmp)));
+      }
+      wlo[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, m4));
+      whi[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4));
+      wsv[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[i] + c * kBlocks), lane_block);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* row = act[t];
+      const int8_t* v = reinterpret_cast<const int8_t*>(row + l.vals_off) + k;
+      const int32_t* corr = reinterpret_cast<const int32_t*>(row + l.corr_off) + (k >> 2);
+      const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+      const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32));
+      const __m256i cv = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)),
+                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 8)));
+      // Activation block scales of this chunk (the layout keeps ≥ 16 zero floats of slack).
+      const __m256 asv = _mm256_permutevar8x32_ps(
+          _mm256_loadu_ps(reinterpret_cast<const float*>(row + l.scales_off) + c * kBlocks), lane_block);
+#pragma GCC unroll 2
+      for (int i = 0; i < kNR; ++i) {
+        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo[i], alo), _mm256_maddubs_epi16(whi[i], ahi));
+        const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), cv);
+        acc[t][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(asv, wsv[i]), acc[t][i]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) res[t][i] = hsum(acc[t][i]);
+}
+
+template <bool kMx>
+void gemm_fp4(const GemmArgs& a) {
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const int nb = K / (kMx ? 32 : 16);
+  const float* table = kMx ? e8m0_table() : fp8_e4m3_table();
+  const int ld = nb + 16;
+  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kNR * static_cast<size_t>(ld)));
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    Fp4Rows wr;
+    for (int i = 0; i < kNR; ++i) {
+      const int n = n0 + (i < nr ? i : nr - 1);
+      wr.row[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
+      const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
+      float* f = factors + i * ld;
+      for (int b = 0; b < nb; ++b) f[b] = kMx ? table[sc[b]] : table[sc[b]] * w.nv_global;
+      for (int b = nb; b < ld; ++b) f[b] = 0.0f;
+      wr.factor[i] = f;
+    }
+    const Prefetch pf = prefetch_of(w, n0);
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      const uint8_t* act[kNT];
+      for (int t = 0; t < nt; ++t) act[t] = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+      float res[kNT][kNR];
+      const Prefetch& p = j0 == 0 ? pf : Prefetch{};
+      switch (nt) {
+        case 1: fp4_kernel<kMx, 1>(a, wr, act, p, res); break;
+        case 2: fp4_kernel<kMx, 2>(a, wr, act, p, res); break;
+        case 3: fp4_kernel<kMx, 3>(a, wr, act, p, res); break;
+        default: fp4_kernel<kMx, 4>(a, wr, act, p, res); break;
+      }
+      epilogue(a, n0, nr, j0, nt, res);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // I8: 16 codes per step, int16 products summed pairwise into int32 (exact).
 template <int NT>
 void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* act, int K, int32_t (*res)[kNR]) {
@@ -462,7 +578,10 @@ void gemm_i8(const GemmArgs& a) {
 void gemm_avx2(const GemmArgs& a) {
   switch (a.layout->kind) {
     case DotKind::I8: gemm_i8(a); break;
-    default: gemm_f32(a); break;  // W4A4 uses the F32 kind on AVX2 (dot_kind_for)
+    case DotKind::Fp4Mx: gemm_fp4<true>(a); break;
+    case DotKind::Fp4Nv: gemm_fp4<false>(a); break;
+    case DotKind::F32: gemm_f32(a); break;
+    case DotKind::Bf16: scalar_kernels().gemm(a); break;  // not selected on AVX2 (dot_kind_for)
   }
 }
 

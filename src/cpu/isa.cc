@@ -14,12 +14,13 @@ std::string_view isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512bf16";
   }
   return "?";
 }
 
 std::optional<Isa> isa_from_name(std::string_view name) {
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+  for (Isa i : kAllIsas)
     if (isa_name(i) == name) return i;
   return std::nullopt;
 }
@@ -34,6 +35,7 @@ bool isa_supported(Isa isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
+    case Isa::Avx512Bf16: return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
@@ -41,12 +43,17 @@ bool isa_supported(Isa isa) {
 Isa default_isa() {
   if (const char* env = std::getenv("QMOE_CPU_ISA"); env != nullptr && *env != '\0') {
     const auto isa = isa_from_name(env);
-    if (!isa) throw Error(fmt::format("QMOE_CPU_ISA='{}' is not one of scalar, avx2, avx512", env));
+    if (!isa) throw Error(fmt::format("QMOE_CPU_ISA='{}' is not one of scalar, avx2, avx512, avx512bf16", env));
     if (!isa_supported(*isa))
       throw Error(fmt::format("QMOE_CPU_ISA={} is not supported by this CPU", env));
     return *isa;
   }
-  static const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512 : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Scalar;
+  static const Isa best = [] {
+    Isa b = Isa::Scalar;
+    for (Isa i : kAllIsas)
+      if (isa_supported(i)) b = i;
+    return b;
+  }();
   return best;
 }
 

@@ -20,13 +20,22 @@ enum class DotKind : uint8_t {
   I8,     // int8 codes × int8 weights, exact int32 sums (W8A8 INT8)
   Fp4Mx,  // 2·e2m1 × 2·e2m1 integer sums per 32-block × 2^sa · 2^sw (MXFP4 W4A4)
   Fp4Nv,  // 2·e2m1 × 2·e2m1 integer sums per 16-block × deq_a · fp8(s_w)·ws2 (NVFP4 W4A4)
+  Bf16,   // bf16 weights (stored, or MX decoded exactly with the block scale in the exponent) ·
+          // bf16 activation terms (x = Σ terms exactly), vdpbf16ps: products exact, fp32 sums
 };
 
 // Layout of one quantized activation row (GEMM input), the same for every ISA:
 //   [0, 64)             header: float row_scale at 0 (multiplies the whole dot product: the
 //                       fp8 / int8 scale, 0.25 for the Fp4 kinds, 1 otherwise); int32 code sum at 4
-//                       (I8: Σ codes, for the unsigned-offset dot product)
-//   [64, 64 + vbytes)   k_pad values: F32 → float; I8 → int8 codes; Fp4 → int8 2·e2m1 values.
+//                       (I8: Σ codes, for the unsigned-offset dot product); Bf16: int32 number of
+//                       terms in use at 8 (1..3)
+//   [64, 64 + vbytes)   k_pad values: F32 → float; I8 → int8 codes; Fp4 → int8 2·e2m1 values;
+//                       Bf16 → kBf16Terms rows of k_pad bf16 (term t at 64 + t·term_bytes): the
+//                       fp32 value v (as the F32 kind stores it) split by truncation,
+//                       h = v with the low 16 bits cleared, m = the same of v − h, l = v − h − m
+//                       (exact: 3 × 8 significant bits hold the 24 of an fp32; NaN → h = NaN,
+//                       ±Inf → h = ±Inf, m = l = 0). Rows whose m (and l) are all zero use 1 (2)
+//                       terms: bf16 inputs (GEMM1, fp8 / MX-quantized values) need one.
 //                       Zero padded from k to k_pad (a multiple of 64).
 //   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale;
 //                       followed by ≥ 16 zero floats (kernels load 16 at a time).
@@ -38,12 +47,15 @@ enum class DotKind : uint8_t {
 // (16 each): the order a packed row decodes in — low nibbles of the 32 bytes, then high nibbles.
 // Element e = 64c + 32h + 2m + o sits at 64c + 32o + 16h + m. Every other weight format keeps the
 // natural order.
+inline constexpr int kBf16Terms = 3;
 struct ActLayout {
   DotKind kind = DotKind::F32;
   bool fp4_order = false;  // the 32-group even/odd permutation above
   int k = 0, k_pad = 0;
   int elem_bytes = 4;
   int64_t vals_off = 64;
+  int64_t term_bytes = 0;  // Bf16: bytes per term row (2·k_pad)
+  int64_t vals_bytes = 0;  // bytes of the value area (all terms)
   int64_t scales_off = 0;
   int64_t corr_off = 0;
   int64_t bcorr_off = 0;
@@ -57,8 +69,11 @@ int act_value_position(const ActLayout& l, int i);
 // The dequantized values x[0..k) (exact products as double) of a stored row (tests, debugging).
 void act_row_values(const ActLayout& l, const uint8_t* row, double* out);
 
-// The dot-product kind for a scheme on an ISA.
-DotKind dot_kind_for(const SchemeInfo& s, Isa isa);
+// The dot-product kind of GEMM `gemm` (1 or 2) for a scheme on an ISA; `unquantized_storage`: the
+// dtype of unquantized weights (both projections), BF16 / F16 / F32; `tokens_per_expert`: the
+// call's average routed tokens per local expert (T·K / E_loc; only a speed choice).
+DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage = DType::BF16,
+                     double tokens_per_expert = 1.0);
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
@@ -137,6 +152,7 @@ void* thread_scratch_buffer(int slot, size_t bytes);
 const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
+const KernelTable& avx512bf16_kernels();  // avx512's functions; its DotKind::Bf16 paths need AVX512_BF16
 
 // Shared helpers used by every ISA.
 // Fills the Fp4 correction words of a quantized row from its values (no-op for other kinds).
@@ -156,5 +172,18 @@ void quantize_row_scalar(const QuantRowArgs& a);
 // 256-entry tables built from formats.h: E8M0 byte → 2^(s−127) (255 → NaN); F8_E4M3 code → value.
 const float* e8m0_table();
 const float* fp8_e4m3_table();
+// bf16 bits of every code of an MX element format (formats.h decode, exact in bf16): MXFP4 16
+// entries, MXFP6 64; and the range [smin, smax] of E8M0 scale bytes for which every nonzero code
+// times 2^(s−127) is a normal bf16 (so adding s−127 to the exponent field is exact).
+struct MxBf16Table {
+  const uint16_t* codes = nullptr;
+  int smin = 0, smax = 0;
+};
+MxBf16Table mx_bf16_table(WeightFormat f);
+// bf16 bits of the 128 FP8 E4M3 magnitudes (codes 0x00..0x7F; 0x7F → NaN), exact in bf16.
+const uint16_t* fp8_bf16_magnitudes();
+// Bf16 kind: splits the fp32 values vals[0..k_pad) (stored order) into the term rows of `row` and
+// sets the header's term count (the scalar definition of the split).
+void split_bf16_terms(const ActLayout& l, const float* vals, uint8_t* row);
 
 }  // namespace qmoe::cpu

@@ -127,7 +127,7 @@ void gemm_scalar(const GemmArgs& a) {
   for (int n = a.row0; n < a.row1; ++n) {
     const double wscale = w.channel_scale ? static_cast<double>(w.channel_scale[n]) : static_cast<double>(w.tensor_scale);
     const double bias = w.bias ? static_cast<double>(bias_value(w, n)) : 0.0;
-    if (l.kind == DotKind::F32) dec.decode_f32(n, wf.data());
+    if (l.kind == DotKind::F32 || l.kind == DotKind::Bf16) dec.decode_f32(n, wf.data());
     else dec.decode_int(n, wi.data(), wbs.data());
     for (int j = 0; j < a.ntok; ++j) {
       const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride;
@@ -138,6 +138,16 @@ void gemm_scalar(const GemmArgs& a) {
         case DotKind::F32: {
           const float* v = reinterpret_cast<const float*>(row + l.vals_off);
           for (int i = 0; i < KP; ++i) dot += static_cast<double>(v[i]) * static_cast<double>(wf[static_cast<size_t>(i)]);
+          break;
+        }
+        case DotKind::Bf16: {  // Σ over the terms: the fp32 values exactly
+          int32_t nt;
+          std::memcpy(&nt, row + 8, 4);
+          for (int t = 0; t < nt; ++t) {
+            const uint16_t* v = reinterpret_cast<const uint16_t*>(row + l.vals_off + t * l.term_bytes);
+            for (int i = 0; i < KP; ++i)
+              dot += static_cast<double>(bf16_decode(v[i])) * static_cast<double>(wf[static_cast<size_t>(i)]);
+          }
           break;
         }
         case DotKind::I8: {
@@ -203,6 +213,7 @@ const KernelTable& kernel_table(Isa isa) {
   switch (isa) {
     case Isa::Avx2: return avx2_kernels();
     case Isa::Avx512: return avx512_kernels();
+    case Isa::Avx512Bf16: return avx512bf16_kernels();
     default: return scalar_kernels();
   }
 }

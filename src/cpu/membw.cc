@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
 #include <memory>
 #include <new>
 #include <vector>
@@ -79,6 +82,80 @@ void flush_caches(size_t bytes) {
   static std::vector<uint64_t> buf;
   if (buf.size() * 8 < bytes) buf.assign(bytes / 8, 1);
   g_sink.fetch_add(sum_words(buf.data(), buf.size()), std::memory_order_relaxed);
+}
+
+namespace {
+
+bool read_line(const std::string& path, std::string& out) {
+  std::ifstream f(path);
+  if (!f) return false;
+  std::getline(f, out);
+  return true;
+}
+
+// "32768K" / "1M" / "512" → bytes (0 when malformed).
+int64_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  int64_t v = 0;
+  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') v = v * 10 + (s[pos++] - '0');
+  if (pos == 0) return 0;
+  if (pos < s.size() && (s[pos] == 'K' || s[pos] == 'k')) v <<= 10;
+  else if (pos < s.size() && (s[pos] == 'M' || s[pos] == 'm')) v <<= 20;
+  else if (pos < s.size() && (s[pos] == 'G' || s[pos] == 'g')) v <<= 30;
+  return v;
+}
+
+}  // namespace
+
+CacheInfo last_level_cache() {
+  CacheInfo best;
+  std::set<std::string> seen;  // (level, shared_cpu_list) instances already counted
+  int64_t total = 0;
+  for (int cpu = 0; cpu < 4096; ++cpu) {
+    const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/cache/";
+    std::string probe;
+    if (!read_line(base + "index0/level", probe)) {
+      if (cpu == 0) return best;  // no sysfs cache information
+      break;
+    }
+    for (int idx = 0; idx < 16; ++idx) {
+      const std::string d = base + "index" + std::to_string(idx) + "/";
+      std::string level_s, type, size_s, shared;
+      if (!read_line(d + "level", level_s)) break;
+      read_line(d + "type", type);
+      if (type == "Instruction" || !read_line(d + "size", size_s)) continue;
+      read_line(d + "shared_cpu_list", shared);
+      const int level = std::atoi(level_s.c_str());
+      const int64_t size = parse_size(size_s);
+      if (size <= 0 || level < best.level) continue;
+      if (level > best.level) {  // a higher level: restart the count
+        best.level = level;
+        best.instances = 0;
+        total = 0;
+        seen.clear();
+      }
+      if (seen.insert(shared).second) {
+        total += size;
+        ++best.instances;
+      }
+    }
+  }
+  if (total > 0) {
+    best.llc_bytes = total;
+    best.from_sysfs = true;
+  }
+  return best;
+}
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      if (c != std::string::npos) return line.substr(line.find_first_not_of(' ', c + 1));
+    }
+  return "unknown CPU";
 }
 
 }  // namespace qmoe::cpu

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace qmoe::cpu {
 
@@ -18,5 +20,18 @@ BandwidthResult measure_read_bandwidth(int threads, size_t bytes = size_t{512} <
 
 // Evicts the caches by reading `bytes` of a private buffer (between benchmark repetitions).
 void flush_caches(size_t bytes = size_t{64} << 20);
+
+// The last-level cache of this machine, from sysfs (/sys/devices/system/cpu/cpu*/cache/index*):
+// the highest level's size summed over its distinct instances (shared_cpu_list). Without sysfs:
+// 32 MiB, from_sysfs = false.
+struct CacheInfo {
+  int64_t llc_bytes = int64_t{32} << 20;
+  int level = 0;
+  int instances = 0;
+  bool from_sysfs = false;
+};
+CacheInfo last_level_cache();
+// "model name" of /proc/cpuinfo ("unknown CPU" without it).
+std::string cpu_model_name();
 
 }  // namespace qmoe::cpu

@@ -1,5 +1,5 @@
 // AVX2 activation quantizers, gated activations (double, 4 lanes) and the AVX2 kernel table.
-// Same definitions as quant_avx512.cc at 8 lanes; the integer kinds are only I8 on AVX2.
+// Same definitions as quant_avx512.cc at 8 lanes (the Bf16 kind is not used on AVX2).
 // No library inline code here (see gemm_avx512.cc).
 // GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
 // variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
@@ -117,6 +117,20 @@ inline __m256i store_i8_group(const Row& r, int g, __m256* v) {
   return _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
 }
 
+// W4A4 kinds: integral values 2·q of a 32-group (v[0..3] = elements 0..31) as int8 in act order.
+inline void store_fp4_i8_group(const Row& r, int g, __m256* v) {
+  to_act_order(true, v);  // v[0], v[1]: the 16 even elements; v[2], v[3]: the 16 odd ones
+  auto pack16 = [](__m256 a, __m256 b) {  // 16 int16 in element order
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), _MM_SHUFFLE(3, 1, 2, 0));
+  };
+  const __m256i e = pack16(v[0], v[1]), o = pack16(v[2], v[3]);
+  // packs_epi16 per lane: [e0..7 | o0..7 | e8..15 | o8..15] → reorder the 64-bit quarters
+  const __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi16(e, o), _MM_SHUFFLE(3, 1, 2, 0));
+  const int p0 = (g & ~63) + 16 * ((g >> 5) & 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(r.ivals() + p0), _mm256_castsi256_si128(b));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(r.ivals() + p0 + 32), _mm256_extracti128_si256(b, 1));
+}
+
 int hsum_epi32(__m256i v) {
   const __m128i b = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   const __m128i c = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
@@ -152,13 +166,16 @@ void quantize_row_avx2(const QuantRowArgs& a) {
   const float* x = a.x;
   const int k = l.k;
   const Row r{l, a.dst};
-  if (l.kind == DotKind::Fp4Mx || l.kind == DotKind::Fp4Nv) return quantize_row_scalar(a);  // not used on AVX2
+  if (l.kind == DotKind::Bf16) return quantize_row_scalar(a);  // not used on AVX2 (dot_kind_for)
+  const bool fp4i = l.kind == DotKind::Fp4Mx || l.kind == DotKind::Fp4Nv;
   std::memset(a.dst, 0, 64);
   {
     const int from = l.fp4_order ? (k & ~63) : (k & ~31);
     std::memset(a.dst + l.vals_off + static_cast<int64_t>(from) * l.elem_bytes, 0,
                 static_cast<size_t>(l.k_pad - from) * l.elem_bytes);
+    if (l.scales_off > 0) std::memset(a.dst + l.scales_off, 0, static_cast<size_t>(l.stride - l.scales_off));
   }
+  float* bscales = reinterpret_cast<float*>(a.dst + l.scales_off);
   float row_scale = 1.0f;
   __m256i isum = _mm256_setzero_si256();
   const bool ints = l.kind == DotKind::I8;
@@ -224,9 +241,19 @@ void quantize_row_avx2(const QuantRowArgs& a) {
         const float amax = hmax(_mm256_max_ps(_mm256_max_ps(vabs(v[0]), vabs(v[1])), _mm256_max_ps(vabs(v[2]), vabs(v[3]))));
         const int shared = mx_shared_exponent_of(amax, elem, static_cast<int>(rule.mx_mode));
         const __m256 down = _mm256_set1_ps(pow2f(-shared)), up = _mm256_set1_ps(pow2f(shared));
+        if (fp4i) {  // Fp4Mx: 2·e2m1 codes and the block scale
+          for (int j = 0; j < 4; ++j) {
+            const __m256 q = round_minifloat(_mm256_mul_ps(v[j], down), mbits, emin, maxv);
+            v[j] = _mm256_add_ps(q, q);
+          }
+          store_fp4_i8_group(r, g, v);
+          bscales[g / 32] = pow2f(shared);
+          continue;
+        }
         for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(round_minifloat(_mm256_mul_ps(v[j], down), mbits, emin, maxv), up);
         store_f32_group(r, g, v);
       }
+      if (fp4i) row_scale = 0.25f;
       break;
     }
     case ActQuant::Nvfp4: {
@@ -245,17 +272,23 @@ void quantize_row_avx2(const QuantRowArgs& a) {
           const float sb = fp8_e4m3_round(s);
           const float inv = sb == 0.0f ? 0.0f : gs / sb;
           const __m256 deq = _mm256_set1_ps(sb / gs);
-          for (int j = 0; j < 2; ++j)
-            b[j] = _mm256_mul_ps(round_minifloat(clamp(_mm256_mul_ps(b[j], _mm256_set1_ps(inv)), -6.0f, 6.0f), 1, 0, 6.0f), deq);
+          for (int j = 0; j < 2; ++j) {
+            const __m256 q = round_minifloat(clamp(_mm256_mul_ps(b[j], _mm256_set1_ps(inv)), -6.0f, 6.0f), 1, 0, 6.0f);
+            b[j] = fp4i ? _mm256_add_ps(q, q) : _mm256_mul_ps(q, deq);
+          }
+          if (fp4i) bscales[g / 16 + h] = sb / gs;
         }
-        store_f32_group(r, g, v);
+        if (fp4i) store_fp4_i8_group(r, g, v);
+        else store_f32_group(r, g, v);
       }
+      if (fp4i) row_scale = 0.25f;
       break;
     }
   }
   const int32_t sum = hsum_epi32(isum);
   std::memcpy(a.dst, &row_scale, 4);
   std::memcpy(a.dst + 4, &sum, 4);
+  if (fp4i) fill_fp4_corrections(l, a.dst);
 }
 
 // ---------------------------------------------------------------------------------------------

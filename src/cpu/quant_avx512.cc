@@ -67,12 +67,46 @@ inline void group_positions(const Row& r, int g, int& p0, int& p1) {
     p1 = g + 16;
   }
 }
+// Bf16 kind: the three truncation terms of 16 fp32 values (split_bf16_terms) at stored position p.
+inline void store_bf16_terms(const Row& r, int p, __m512 v) {
+  const __m512i hi16 = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 fin = _mm512_cmp_ps_mask(vabs(v), _mm512_set1_ps(bits_to_float(0x7F800000u)), _CMP_LT_OQ);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512i h = _mm512_and_si512(u, hi16);
+  h = _mm512_mask_or_epi32(h, nan, _mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                           _mm512_set1_epi32(0x7FC00000));
+  const __m512 rres = _mm512_maskz_sub_ps(fin, v, _mm512_castsi512_ps(h));
+  const __m512i m = _mm512_and_si512(_mm512_castps_si512(rres), hi16);
+  const __m512 lres = _mm512_sub_ps(rres, _mm512_castsi512_ps(m));
+  uint8_t* base = r.dst + r.l.vals_off + 2 * static_cast<int64_t>(p);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(base), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + r.l.term_bytes), _mm512_cvtepi32_epi16(_mm512_srli_epi32(m, 16)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + 2 * r.l.term_bytes),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lres), 16)));
+}
 inline void store_f32_group(const Row& r, int g, __m512 v0, __m512 v1) {
   to_act_order(r.l.fp4_order, v0, v1);
   int p0, p1;
   group_positions(r, g, p0, p1);
+  if (r.l.kind == DotKind::Bf16) {
+    store_bf16_terms(r, p0, v0);
+    store_bf16_terms(r, p1, v1);
+    return;
+  }
   _mm512_storeu_ps(r.fvals() + p0, v0);
   _mm512_storeu_ps(r.fvals() + p1, v1);
+}
+// Terms in use of a Bf16 row (header word at 8): 1 + the highest term row holding a nonzero.
+inline int32_t bf16_terms_in_use(const ActLayout& l, const uint8_t* row) {
+  int32_t nt = 1;
+  for (int t = 1; t < kBf16Terms; ++t) {
+    __m512i any = _mm512_setzero_si512();
+    const uint8_t* p = row + l.vals_off + t * l.term_bytes;
+    for (int64_t b = 0; b < l.term_bytes; b += 64) any = _mm512_or_si512(any, _mm512_loadu_si512(p + b));
+    if (_mm512_test_epi64_mask(any, any) != 0) nt = t + 1;
+  }
+  return nt;
 }
 // Integer values (already integral floats) of a 32-group as int8 in act order; returns their sum.
 inline __m512i store_i8_group(const Row& r, int g, __m512 v0, __m512 v1) {
@@ -139,15 +173,16 @@ void quantize_row_avx512(const QuantRowArgs& a) {
   const int k = l.k;
   const Row r{l, a.dst};
   std::memset(a.dst, 0, 64);
-  {  // zero the value tail from the last (partial) 32-group on, and the block-scale slack
+  {  // zero the value tail from the last (partial) 32-group on (every term row), and the block-scale slack
     const int from = l.fp4_order ? (k & ~63) : (k & ~31);
-    std::memset(a.dst + l.vals_off + static_cast<int64_t>(from) * l.elem_bytes, 0,
-                static_cast<size_t>(l.k_pad - from) * l.elem_bytes);
+    for (int64_t t = 0; t < l.vals_bytes / l.term_bytes; ++t)
+      std::memset(a.dst + l.vals_off + t * l.term_bytes + static_cast<int64_t>(from) * l.elem_bytes, 0,
+                  static_cast<size_t>(l.k_pad - from) * l.elem_bytes);
     if (l.scales_off > 0) std::memset(a.dst + l.scales_off, 0, static_cast<size_t>(l.stride - l.scales_off));
   }
   float row_scale = 1.0f;
   int32_t sum = 0;
-  const bool ints = l.kind != DotKind::F32;
+  const bool ints = l.kind != DotKind::F32 && l.kind != DotKind::Bf16;
   __m512i isum = _mm512_setzero_si512();
   switch (rule.kind) {
     case ActQuant::None:
@@ -264,6 +299,10 @@ void quantize_row_avx512(const QuantRowArgs& a) {
   }
   std::memcpy(a.dst, &row_scale, 4);
   std::memcpy(a.dst + 4, &sum, 4);
+  if (l.kind == DotKind::Bf16) {
+    const int32_t nt = bf16_terms_in_use(l, a.dst);
+    std::memcpy(a.dst + 8, &nt, 4);
+  }
   if (l.corr_off > 0) {  // −12 · Σ of each 4 values (fill_fp4_corrections, vectorized)
     const __m512i ones = _mm512_set1_epi8(1), m12 = _mm512_set1_epi32(-12);
     for (int p = 0; p < l.k_pad; p += 64) {
@@ -359,6 +398,15 @@ const KernelTable& avx512_kernels() {
     k.gemm = gemm_avx512;
     k.activation_row = activation_row_avx512;
     k.abs_max = abs_max_avx512;
+    return k;
+  }();
+  return t;
+}
+
+const KernelTable& avx512bf16_kernels() {
+  static const KernelTable t = [] {
+    KernelTable k = avx512_kernels();
+    k.isa = Isa::Avx512Bf16;
     return k;
   }();
   return t;

@@ -21,7 +21,7 @@ struct RandomExpertsSpec {
   // false: quantize N(0, 1/√K) floats with the formats.h quantizers (realistic blocks);
   // true: random element codes and plausible scales (fast, for benchmark-sized layers).
   bool fast = false;
-  DType unquantized_dtype = DType::F32;  // storage of unquantized weights: F32, BF16 or F16
+  DType unquantized_dtype = DType::BF16;  // storage of unquantized weights: BF16 (as checkpoints), F16 or F32
 };
 
 // Processed parameters (ExpertParams::processed = true) in the layout of include/qmoe/params.h.

@@ -152,19 +152,25 @@ struct ShardName {
 // Load every local expert: per expert gate, up (the last written input scale wins), down.
 void load_all(ExpertParams& p, const Checkpoint& ckpt, const std::vector<ShardName>& shards, InterSlice slice,
               bool has_bias, const std::function<std::string(int global, const std::string& proj)>& base_of) {
-  for (int l = 0; l < p.num_local; ++l) {
+  auto source = [&](int l, const ShardName& sn) {
     const int g = p.local_to_global[static_cast<size_t>(l)];
+    ProjSource src;
+    src.ckpt = &ckpt;
+    src.base = base_of(g, sn.proj);
+    src.shard = sn.shard;
+    src.local = l;
+    src.global = g;
+    src.hidden = p.hidden;
+    src.inter_full = p.inter_full;
+    src.slice = slice;
+    src.tp_rank = p.tp_rank;
+    return src;
+  };
+  if (p.scheme->method == Method::Unquantized && p.num_local > 0 && !shards.empty())
+    adopt_unquantized_dtype(p, source(0, shards.front()));
+  for (int l = 0; l < p.num_local; ++l) {
     for (const ShardName& sn : shards) {
-      ProjSource src;
-      src.ckpt = &ckpt;
-      src.base = base_of(g, sn.proj);
-      src.shard = sn.shard;
-      src.local = l;
-      src.global = g;
-      src.hidden = p.hidden;
-      src.inter_full = p.inter_full;
-      src.slice = slice;
-      src.tp_rank = p.tp_rank;
+      const ProjSource src = source(l, sn);
       load_for_method(p, src);
       if (has_bias) load_bias(p, src);
     }

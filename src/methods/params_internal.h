@@ -132,6 +132,8 @@ void load_w8a8_fp8(ExpertParams& p, const ProjSource& src);
 void process_w8a8_fp8(ExpertParams& p);
 
 void create_unquantized(ExpertParams& p);
+// Before the first load: the weight parameters take the dtype of `first`'s weight tensor.
+void adopt_unquantized_dtype(ExpertParams& p, const ProjSource& first);
 void load_unquantized(ExpertParams& p, const ProjSource& src);
 
 // Helpers for messages.

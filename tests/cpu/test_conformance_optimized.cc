@@ -70,7 +70,7 @@ TEST_P(ConformanceOptimized, OptimizedKernel) {
   const std::vector<float> logits = to_f32(io->get("router_logits"));
   const std::vector<float> expected = to_f32(io->get("expected"));
 
-  for (cpu::Isa isa : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512}) {
+  for (cpu::Isa isa : cpu::kAllIsas) {
     if (!cpu::isa_supported(isa)) continue;
     const IsaEnv env(isa);
     const std::vector<float> out = run_layer(dir, {}, hidden, logits, T, 2);

@@ -29,9 +29,16 @@ namespace {
 
 std::vector<Isa> isas() {
   std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+  for (Isa i : kAllIsas)
     if (isa_supported(i)) v.push_back(i);
   return v;
+}
+
+// Whether `isa`'s kernels implement `kind` (dot_kind_for selects it there): only the scalar and
+// avx512bf16 targets have Bf16.
+bool implements(Isa isa, DotKind kind) {
+  if (kind == DotKind::Bf16) return isa == Isa::Scalar || isa == Isa::Avx512Bf16;
+  return true;
 }
 
 // Rows that exercise rounding: random normals at several magnitudes, exact grid midpoints, zeros,
@@ -88,7 +95,8 @@ TEST(OptimizedUnits, ActQuantizersMatchReference) {
         DotKind kind;
         WeightFormat consumer;
       };
-      std::vector<L> layouts = {{DotKind::F32, WeightFormat::Mxfp6E2M3}, {DotKind::F32, WeightFormat::Mxfp4}};
+      std::vector<L> layouts = {{DotKind::F32, WeightFormat::Mxfp6E2M3}, {DotKind::F32, WeightFormat::Mxfp4},
+                                {DotKind::Bf16, WeightFormat::Mxfp6E2M3}, {DotKind::Bf16, WeightFormat::Mxfp4}};
       if (rc.kind == ActQuant::Int8Static || rc.kind == ActQuant::Int8DynToken) layouts.push_back({DotKind::I8, WeightFormat::Int8});
       if (rc.kind == ActQuant::Mxfp4) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp4});
       if (rc.kind == ActQuant::Nvfp4) layouts.push_back({DotKind::Fp4Nv, WeightFormat::Nvfp4});
@@ -105,7 +113,7 @@ TEST(OptimizedUnits, ActQuantizersMatchReference) {
             if ((lc.kind == DotKind::Fp4Nv || lc.consumer == WeightFormat::Mxfp4) && k % 16 != 0) continue;
             const ActLayout layout = make_act_layout(lc.kind, lc.consumer, k);
             for (Isa isa : isas()) {
-              if (isa == Isa::Avx2 && (lc.kind == DotKind::Fp4Mx || lc.kind == DotKind::Fp4Nv)) continue;
+              if (!implements(isa, lc.kind)) continue;
               std::vector<uint8_t> buf(static_cast<size_t>(layout.stride), 0xCD);
               QuantRowArgs q{&rule, &layout, tscale, row.data(), buf.data()};
               kernel_table(isa).quantize_row(q);
@@ -121,13 +129,34 @@ TEST(OptimizedUnits, ActQuantizersMatchReference) {
               // Positions holding no element are zero.
               std::vector<bool> used(static_cast<size_t>(layout.k_pad), false);
               for (int i = 0; i < k; ++i) used[static_cast<size_t>(act_value_position(layout, i))] = true;
-              for (int p = 0; p < layout.k_pad; ++p)
-                if (!used[static_cast<size_t>(p)]) {
-                  uint8_t z[4] = {};
-                  ASSERT_EQ(0, std::memcmp(buf.data() + layout.vals_off + static_cast<int64_t>(p) * layout.elem_bytes, z,
-                                           static_cast<size_t>(layout.elem_bytes)))
-                      << "padding at " << p << " isa " << isa_name(isa);
+              for (int64_t t = 0; t < layout.vals_bytes / layout.term_bytes; ++t)  // every term row (Bf16)
+                for (int p = 0; p < layout.k_pad; ++p)
+                  if (!used[static_cast<size_t>(p)]) {
+                    uint8_t z[4] = {};
+                    ASSERT_EQ(0, std::memcmp(buf.data() + layout.vals_off + t * layout.term_bytes +
+                                                 static_cast<int64_t>(p) * layout.elem_bytes,
+                                             z, static_cast<size_t>(layout.elem_bytes)))
+                        << "padding at " << p << " term " << t << " isa " << isa_name(isa);
+                  }
+              if (lc.kind == DotKind::Bf16) {  // terms and term count: those of the scalar split
+                std::vector<uint8_t> sref(static_cast<size_t>(layout.stride), 0xAB);
+                QuantRowArgs qs{&rule, &layout, tscale, row.data(), sref.data()};
+                quantize_row_scalar(qs);
+                ASSERT_EQ(0, std::memcmp(sref.data(), buf.data(), 12)) << "header, isa " << isa_name(isa);
+                for (int64_t e = 0; e < layout.vals_bytes / 2; ++e) {  // by value: the sign of zero is free (§16.9)
+                  uint16_t hs, hg;
+                  std::memcpy(&hs, sref.data() + layout.vals_off + 2 * e, 2);
+                  std::memcpy(&hg, buf.data() + layout.vals_off + 2 * e, 2);
+                  ASSERT_EQ(bf16_decode(hs), bf16_decode(hg)) << "term word " << e << ", isa " << isa_name(isa);
                 }
+                int32_t nt;
+                std::memcpy(&nt, buf.data() + 8, 4);
+                ASSERT_GE(nt, 1);
+                ASSERT_LE(nt, kBf16Terms);
+                if (rc.kind != ActQuant::None && rc.kind != ActQuant::Nvfp4) {  // NVFP4 values carry deq = sb / gs
+                  ASSERT_EQ(nt, 1) << "quantized values are exact in bf16";
+                }
+              }
               if (lc.kind == DotKind::I8) {  // the code sum used by the VNNI offset trick
                 int32_t sum, want_sum = 0;
                 std::memcpy(&sum, buf.data() + 4, 4);
@@ -202,11 +231,15 @@ std::vector<DecodeCase> decode_cases() {
     }
     v.push_back(c);
   }
-  // MXFP4 / MXFP6: every code in blocks with scale bytes 0 (2^-127), 1, 100, 127, 150, 200.
-  const uint8_t sbytes[] = {0, 1, 100, 127, 150, 200};
+  // MXFP4 / MXFP6: every code in blocks with scale bytes 0 (2^-127), 1, 100, 127, 150, 200; and
+  // with bytes 5 … 250 only (the Bf16 kind's exponent trick is exact there; below / above, its row
+  // blocks take the scalar kernel).
+  for (int set = 0; set < 2; ++set)
   for (WeightFormat f : {WeightFormat::Mxfp4, WeightFormat::Mxfp6E2M3, WeightFormat::Mxfp6E3M2}) {
+    const uint8_t sbytes_all[2][6] = {{0, 1, 100, 127, 150, 200}, {5, 60, 127, 150, 200, 250}};
+    const uint8_t* sbytes = sbytes_all[set];
     const int ncodes = f == WeightFormat::Mxfp4 ? 16 : 64;
-    DecodeCase c{std::string(to_string(f)), f, DType::U8, 32 * 6, {}, {}, 1.0f, {}};
+    DecodeCase c{std::string(to_string(f)) + (set ? "_bf16_window" : ""), f, DType::U8, 32 * 6, {}, {}, 1.0f, {}};
     std::vector<uint8_t> codes;
     for (int b = 0; b < 6; ++b) {
       c.scales.push_back(sbytes[b]);
@@ -253,7 +286,9 @@ TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
     w.data = c.row.data();
     w.scales = c.scales.empty() ? nullptr : c.scales.data();
     w.nv_global = c.nv_global;
-    const ActLayout layout = make_act_layout(DotKind::F32, c.fmt, c.K);
+    for (DotKind kind : {DotKind::F32, DotKind::Bf16}) {
+    if (kind == DotKind::Bf16 && !(is_mx_weight(c.fmt) || c.dtype == DType::BF16 || c.fmt == WeightFormat::Fp8E4M3)) continue;
+    const ActLayout layout = make_act_layout(kind, c.fmt, c.K);
     // Act rows: e_j (value 1 at j's stored position), row scale 1.
     std::vector<uint8_t> act(static_cast<size_t>(layout.stride * c.K), 0);
     std::vector<int32_t> index(static_cast<size_t>(c.K));
@@ -261,10 +296,18 @@ TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
       uint8_t* row = act.data() + static_cast<int64_t>(j) * layout.stride;
       const float one = 1.0f;
       std::memcpy(row, &one, 4);
-      std::memcpy(row + layout.vals_off + 4 * act_value_position(layout, j), &one, 4);
+      if (kind == DotKind::Bf16) {
+        const int32_t nt = 1;
+        const uint16_t one_bf16 = 0x3F80;
+        std::memcpy(row + 8, &nt, 4);
+        std::memcpy(row + layout.vals_off + 2 * act_value_position(layout, j), &one_bf16, 2);
+      } else {
+        std::memcpy(row + layout.vals_off + 4 * act_value_position(layout, j), &one, 4);
+      }
       index[static_cast<size_t>(j)] = j;
     }
     for (Isa isa : isas()) {
+      if (!implements(isa, kind)) continue;
       for (int ntok : {1, c.K}) {  // fused decode (≤ 4 tokens) and the decoded-tile path
         std::vector<float> out(static_cast<size_t>(c.K), -7.0f);
         GemmArgs g;
@@ -280,8 +323,10 @@ TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
         kernel_table(isa).gemm(g);
         for (int j = 0; j < ntok; ++j)
           ASSERT_EQ(out[static_cast<size_t>(j)], c.want[static_cast<size_t>(j)])
-              << c.name << " isa " << isa_name(isa) << " element " << j << " ntok " << ntok;
+              << c.name << " kind " << static_cast<int>(kind) << " isa " << isa_name(isa) << " element " << j
+              << " ntok " << ntok;
       }
+    }
     }
   }
 }
@@ -304,20 +349,39 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 80},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
                                 {DotKind::F32, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
-                                {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64}};
+                                {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64},
+                                {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 96},
+                                {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 128},
+                                {DotKind::Bf16, WeightFormat::Mxfp6E2M3, ActQuant::None, 96},
+                                {DotKind::Bf16, WeightFormat::Mxfp6E3M2, ActQuant::Fp8DynToken, 64},
+                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 72},
+                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 200},
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8Static, 128}};
   for (const K& kc : kinds) {
     const int rows = 39, ntok = 11, k = kc.k;  // rows 1..38: two 16-row tiles + a remainder (≥ 10 tokens)
+    const bool bf16w = kc.fmt == WeightFormat::BF16;
     const int64_t pcols = kc.fmt == WeightFormat::Mxfp4 || kc.fmt == WeightFormat::Nvfp4 ? k / 2
-                          : kc.fmt == WeightFormat::Mxfp6E3M2                         ? k * 3 / 4
-                                                                                       : k;
+                          : is_mx_weight(kc.fmt)                                        ? k * 3 / 4
+                          : bf16w                                                       ? 2 * k
+                                                                                        : k;
     std::vector<uint8_t> wbytes(static_cast<size_t>(rows * pcols));
     for (auto& b : wbytes) {
       b = static_cast<uint8_t>(byte(rng));
       if (kc.fmt == WeightFormat::Fp8E4M3 && (b & 0x7F) == 0x7F) b = 0x11;
     }
+    if (bf16w)
+      for (int64_t i = 0; i < rows * k; ++i) {
+        const uint16_t h = bf16_encode(nd(rng) * 0.3f);
+        std::memcpy(wbytes.data() + 2 * i, &h, 2);
+      }
     const int bs = weight_block_size(kc.fmt);
     std::vector<uint8_t> sc(bs ? static_cast<size_t>(rows * (k / bs)) : 0);
     for (auto& s : sc) s = kc.fmt == WeightFormat::Nvfp4 ? fp8_e4m3_encode(1.0f + 100.0f * std::fabs(nd(rng))) : static_cast<uint8_t>(120 + byte(rng) % 12);
+    if (kc.kind == DotKind::Bf16 && bs > 0) {  // row 5: scale bytes outside the bf16 window (scalar fallback)
+      sc[static_cast<size_t>(5 * (k / bs))] = 0;
+      sc[static_cast<size_t>(5 * (k / bs) + 1)] = 1;
+    }
     std::vector<float> chan(static_cast<size_t>(rows)), bias(static_cast<size_t>(rows));
     for (int r = 0; r < rows; ++r) {
       chan[static_cast<size_t>(r)] = 0.01f + 0.001f * r;
@@ -325,7 +389,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     }
     WeightView w;
     w.fmt = kc.fmt;
-    w.dtype = DType::U8;
+    w.dtype = bf16w ? DType::BF16 : DType::U8;
     w.rows = rows;
     w.cols = k;
     w.row_bytes = pcols;
@@ -368,7 +432,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     for (int nt : {1, 3, ntok}) {
       const std::vector<float> want = run(Isa::Scalar, nt);
       for (Isa isa : isas()) {
-        if (isa == Isa::Scalar || (isa == Isa::Avx2 && (kc.kind == DotKind::Fp4Mx || kc.kind == DotKind::Fp4Nv))) continue;
+        if (isa == Isa::Scalar || !implements(isa, kc.kind)) continue;
         const std::vector<float> got = run(isa, nt);
         for (size_t i = 0; i < got.size(); ++i) {
           if (kc.kind == DotKind::I8) {

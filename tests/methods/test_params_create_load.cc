@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <functional>
+#include <random>
 
 #include "methods_test_util.h"
 #include "qmoe/error.h"
@@ -37,7 +38,7 @@ TEST(CreateExpertParams, ShapesAndInitialValuesForEveryScheme) {
     EXPECT_EQ(p.w2_weight.shape()[1], H);
     const DType wd = s.weight == WeightFormat::Int8      ? DType::I8
                      : s.weight == WeightFormat::Fp8E4M3 ? DType::F8_E4M3
-                     : s.weight == WeightFormat::BF16    ? DType::F32
+                     : s.weight == WeightFormat::BF16    ? DType::BF16  // Quark's excluded layers
                                                          : DType::U8;
     EXPECT_EQ(p.w13_weight.dtype(), wd);
     EXPECT_EQ(p.w2_weight.dtype(), wd);
@@ -102,13 +103,9 @@ TEST(LoadExpertParams, PlacesGateUpDownForEveryScheme) {
     for (int e = 0; e < E; ++e) {
       const Tensor w1 = m.get(m.base(e, "w1") + ".weight"), w3 = m.get(m.base(e, "w3") + ".weight"),
                    w2 = m.get(m.base(e, "w2") + ".weight");
-      if (s.weight == WeightFormat::BF16) {
-        const std::vector<float> a = to_f32(w1), b = to_f32(w3), d = to_f32(w2);
-        const float* w13 = p.w13_weight.data_as<float>() + e * 2 * I * H;
-        EXPECT_TRUE(same_values(w13, a.data(), a.size(), "gate"));
-        EXPECT_TRUE(same_values(w13 + I * H, b.data(), b.size(), "up"));
-        EXPECT_TRUE(same_values(p.w2_weight.data_as<float>() + e * H * I, d.data(), d.size(), "down"));
-        continue;
+      if (s.weight == WeightFormat::BF16) {  // kept in the checkpoint's dtype: the same bytes
+        EXPECT_EQ(p.w13_weight.dtype(), w1.dtype());
+        EXPECT_EQ(p.w2_weight.dtype(), w2.dtype());
       }
       const size_t n13 = w1.nbytes(), n2 = w2.nbytes();
       const std::byte* w13 = p.w13_weight.data() + e * 2 * n13;
@@ -219,6 +216,44 @@ TEST(LoadExpertParams, UnquantizedKeepsExactF16AndF32Values) {
   const std::vector<float> want_gate = to_f32(h);
   EXPECT_TRUE(same_values(w13.data(), want_gate.data(), 32, "gate from F16"));
   EXPECT_TRUE(same_values(w13.data() + 32, f.data(), 32, "up from F32"));
+  EXPECT_EQ(p.w13_weight.dtype(), DType::F32);  // mixed dtypes: widened (exactly)
+  EXPECT_EQ(p.w2_weight.dtype(), DType::F32);
+}
+
+// One dtype throughout: the parameters keep it (no widening at load: half the memory of F32).
+TEST(LoadExpertParams, UnquantizedKeepsTheCheckpointDtype) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const int E = 2, H = 16, I = 8;
+    SyntheticModel m("unquantized", ExpertNaming::GateUpDown, E, H, I);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd;
+    for (int e = 0; e < E; ++e)
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+        const std::string n = m.base(e, proj) + ".weight";
+        const Shape sh = m.get(n).shape();
+        std::vector<float> v(static_cast<size_t>(sh[0] * sh[1]));
+        for (float& x : v) x = nd(rng);
+        Tensor t = Tensor::zeros(dt, sh);
+        for (size_t i = 0; i < v.size(); ++i) {
+          if (dt == DType::F32) t.mutable_data_as<float>()[i] = v[i];
+          else t.mutable_data_as<uint16_t>()[i] = dt == DType::BF16 ? bf16_encode(v[i]) : fp16_encode(v[i]);
+        }
+        m.set(n, t);
+      }
+    const ExpertParams p = m.load();
+    EXPECT_EQ(p.w13_weight.dtype(), dt);
+    EXPECT_EQ(p.w2_weight.dtype(), dt);
+    const size_t esz = static_cast<size_t>(dtype_bits(dt) / 8);
+    for (int e = 0; e < E; ++e) {
+      const Tensor g = m.get(m.base(e, "gate_proj") + ".weight"), u = m.get(m.base(e, "up_proj") + ".weight"),
+                   d = m.get(m.base(e, "down_proj") + ".weight");
+      const std::byte* w13 = p.w13_weight.data() + static_cast<size_t>(e) * 2 * I * H * esz;
+      EXPECT_EQ(std::memcmp(w13, g.data(), g.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(w13 + g.nbytes(), u.data(), u.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(p.w2_weight.data() + static_cast<size_t>(e) * H * I * esz, d.data(), d.nbytes()), 0);
+    }
+  }
 }
 
 TEST(LoadExpertParams, RejectsBadLayerAndScheme) {
