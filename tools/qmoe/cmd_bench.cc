@@ -18,12 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "cpu/experts_optimized.h"
 #include "cpu/isa.h"
 #include "cpu/membw.h"
 #include "cpu/random_params.h"
 #include "cpu/thread_pool.h"
+#include "util/files.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
 #include "qmoe/moe.h"
@@ -212,9 +214,7 @@ void write_svg(const std::string& path, const std::vector<Point>& pts, double bw
     ly += 18;
   }
   s += "</svg>\n";
-  std::ofstream f(path);
-  if (!f) throw Error(fmt::format("--plot: cannot write '{}'", path));
-  f << s;
+  util::write_file_atomic(path, s);
 }
 
 void run_bench(const Options& o) {
@@ -240,7 +240,7 @@ void run_bench(const Options& o) {
   for (const auto& n : split(o.schemes)) schemes.push_back(&scheme_by_name(n));
   if (shapes.empty() || schemes.empty() || tokens.empty()) throw Error("need at least one --shape, --scheme and --tokens value");
 
-  const int threads = cpu::ThreadPool::resolve_threads(o.threads);
+  const int threads = cpu::ThreadPool::resolve_threads(bounded_threads(o.threads));
   const cpu::Isa isa = cpu::default_isa();
   fmt::print(stderr, "qmoe bench: {} threads, ISA {}, measuring read bandwidth (512 MB × 5)...\n", threads, cpu::isa_name(isa));
   const cpu::BandwidthResult bw = cpu::measure_read_bandwidth(threads);
