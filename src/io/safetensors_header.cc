@@ -214,6 +214,15 @@ std::vector<std::string> top_level_keys(std::string_view s) {
 }  // namespace
 
 ParsedHeader parse_safetensors_header(std::string_view header, const HeaderContext& ctx) {
+  // nlohmann's parser takes a NUL byte for the end of input, so "{}\0{...}" would parse as an
+  // empty header. NUL padding at the end is tolerated; a NUL followed by anything else is an error.
+  if (const size_t nul = header.find('\0'); nul != std::string_view::npos) {
+    if (header.find_first_not_of('\0', nul) != std::string_view::npos)
+      throw Error(fmt::format("invalid JSON header in {}: a NUL byte at header offset {} is followed by more text "
+                              "(expected UTF-8 JSON, padded with spaces)",
+                              ctx.file, nul));
+    header = header.substr(0, nul);
+  }
   check_nesting(header, ctx);
 
   // No parser callback: nlohmann's callback parser rescans the enclosing object at every nested
@@ -237,7 +246,10 @@ ParsedHeader parse_safetensors_header(std::string_view header, const HeaderConte
       throw Error(fmt::format("invalid JSON header in {}: the key '{}' appears more than once (tensor names must be "
                               "unique)",
                               ctx.file, key));
-    const json& v = root.at(key);
+    const auto it = root.find(key);
+    if (it == root.end())
+      throw Error(fmt::format("invalid JSON header in {}: cannot read the entry '{}'", ctx.file, key));
+    const json& v = *it;
     if (key == "__metadata__") {
       parse_metadata(v, ctx, out.metadata);
     } else {

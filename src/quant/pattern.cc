@@ -149,12 +149,15 @@ std::string unsupported_python_syntax(std::string_view body) {
 
 // Compiled regexes, shared by all threads (resolution is called per layer with the same patterns).
 // RE2 matches in time linear in the name, with bounded memory and no recursion on the pattern.
-const re2::RE2& compiled_regex(std::string_view pattern) {
+// The cache is bounded (a config holds a few patterns; hostile input many): when full it is
+// cleared, which is safe because callers hold shared pointers.
+std::shared_ptr<const re2::RE2> compiled_regex(std::string_view pattern) {
   static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<re2::RE2>, std::less<>> cache;
+  static std::map<std::string, std::shared_ptr<const re2::RE2>, std::less<>> cache;
+  constexpr size_t kMaxCached = 1024;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(pattern);
-  if (it != cache.end()) return *it->second;
+  if (it != cache.end()) return it->second;
   const std::string_view body = pattern.substr(kRegexPrefix.size());
   constexpr std::string_view kSyntax =
       "patterns starting with 're:' are regular expressions in Python re syntax without back-references and "
@@ -168,20 +171,21 @@ const re2::RE2& compiled_regex(std::string_view pattern) {
   re2::RE2::Options opt;
   opt.set_log_errors(false);
   opt.set_max_mem(kRegexMaxMem);
-  auto re = std::make_unique<re2::RE2>(re2::StringPiece(body.data(), body.size()), opt);
+  auto re = std::make_shared<const re2::RE2>(re2::StringPiece(body.data(), body.size()), opt);
   if (!re->ok())
     throw Error(fmt::format("invalid regular expression in layer pattern '{}': {} ({})", pattern, re->error(),
                             kSyntax));
-  return *cache.emplace(std::string(pattern), std::move(re)).first->second;
+  if (cache.size() >= kMaxCached) cache.clear();
+  return cache.emplace(std::string(pattern), std::move(re)).first->second;
 }
 
 }  // namespace
 
 bool quark_pattern_matches(std::string_view pattern, std::string_view name) {
   if (pattern.substr(0, kRegexPrefix.size()) == kRegexPrefix) {
-    const re2::RE2& re = compiled_regex(pattern);
+    const std::shared_ptr<const re2::RE2> re = compiled_regex(pattern);
     // Like Python re.match: anchored at the start, not required to consume the whole name.
-    return re.Match(re2::StringPiece(name.data(), name.size()), 0, name.size(), re2::RE2::ANCHOR_START, nullptr, 0);
+    return re->Match(re2::StringPiece(name.data(), name.size()), 0, name.size(), re2::RE2::ANCHOR_START, nullptr, 0);
   }
   if (is_glob(pattern)) return glob_matches(pattern, name);
   return pattern == name;

@@ -59,6 +59,9 @@ inline std::string json_error_text(const nlohmann::json::exception& e) {
 // failure is a qmoe::Error "WHERE: invalid JSON ...".
 template <class JsonT>
 JsonT parse_json_limited(std::string_view text, std::string_view where) {
+  // nlohmann stops at a NUL byte as if the input ended there: the rest would be ignored silently.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw Error(fmt::format("{}: invalid JSON (byte {}): a NUL byte; expected UTF-8 JSON text", where, nul));
   if (const size_t at = json_depth_violation(text, kMaxJsonDepth); at != std::string_view::npos)
     throw Error(fmt::format("{}: invalid JSON (byte {}): arrays / objects nested deeper than {} levels", where, at,
                             kMaxJsonDepth));

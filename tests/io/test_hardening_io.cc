@@ -47,6 +47,21 @@ TEST(HardeningSafetensors, DuplicatedTensorNameIsRejected) {
   EXPECT_TRUE(has(msg, "'a' appears more than once")) << msg;
 }
 
+// Found by fuzz_safetensors: nlohmann ends the input at a NUL byte, so "{}\0{...}" parsed as an
+// empty header and the key scan then looked up keys that were not there (an uncaught exception).
+TEST(HardeningSafetensors, NulByteInsideTheHeaderIsRejected) {
+  const std::string h = std::string("{}\0", 3) + R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  const std::string msg = error_of([&] { parse_bytes(make_raw(h, 1)); });
+  EXPECT_TRUE(has(msg, "NUL byte at header offset 2")) << msg;
+  for (const char* dir : {"safetensors", "run_input"}) {  // the fuzzers' inputs themselves
+    const std::string f = std::string(QMOE_SOURCE_DIR "/tests/fuzz/corpus/") + dir + "/regress_nul_in_header.st";
+    EXPECT_FALSE(error_of([&] { parse_bytes(read_bytes(f)); }).empty()) << f;
+  }
+  // NUL padding at the end of the header is tolerated.
+  const std::string padded = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})" + std::string(3, '\0');
+  EXPECT_EQ(parse_bytes(make_raw(padded, 1))->tensors().size(), 1u);
+}
+
 TEST(HardeningSafetensors, EmptyTensorsInsideTheLayoutAreAccepted) {
   const auto b = make_raw(
       R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"

@@ -47,6 +47,12 @@ TEST(HardeningConfig, QuarkConfigNestingAndHugeValuesAreBounded) {
   EXPECT_LT(m2.size(), 400u) << m2;
 }
 
+TEST(HardeningConfig, NulByteIsAnErrorNotTheEndOfTheFile) {
+  const std::string text = std::string(R"({"model_type": "qwen3_moe"})") + std::string(1, '\0') + "garbage";
+  const std::string msg = error_of([&] { (void)ModelConfig::parse(text, "nul/config.json"); });
+  EXPECT_TRUE(contains_ci(msg, "NUL byte")) << msg;
+}
+
 // Class 7: nlohmann's bare "[json.exception.out_of_range.406] number overflow".
 TEST(HardeningConfig, NumberOverflowIsAPlainMessage) {
   const std::string text = R"({"model_type": "qwen3_moe", "hidden_size": 1e999})";
