@@ -10,7 +10,8 @@
 namespace qmoe::detail {
 
 Json parse_json(std::string_view text, std::string_view where) {
-  return util::parse_json_limited<Json>(text, where);
+  // ordered_json inserts in time linear in the object's size: bound the members per object.
+  return util::parse_json_limited<Json>(text, where, kMaxJsonObjectMembers);
 }
 
 std::string json_type_name(const Json& v) {

@@ -111,6 +111,14 @@ void check_allocation(uint64_t bytes, std::string_view what) {
                             format_bytes(bytes), format_bytes(mem), bytes));
 }
 
+// An existing destination must be a regular file or a symbolic link (which the rename replaces):
+// renaming over a device, FIFO or socket would replace that node (e.g. -o /dev/null as root).
+static void check_replaceable(const std::string& path, std::string_view who) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return;
+  throw Error(fmt::format("{} {}: is {}; expected a regular file or a new file name", who, path, kind_of(st.st_mode)));
+}
+
 void check_output_file(const std::string& path, std::string_view option) {
   if (path.empty()) throw Error(fmt::format("{}: the output path is empty; expected a file name", option));
   if (path.back() == '/')
@@ -118,6 +126,7 @@ void check_output_file(const std::string& path, std::string_view option) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw Error(fmt::format("{} {}: is a directory; expected a file name", option, path));
+  check_replaceable(path, option);
   const std::string dir = parent_of(path);
   if (::stat(dir.c_str(), &st) != 0)
     throw Error(fmt::format("{} {}: the directory {} does not exist ({})", option, path, dir, std::strerror(errno)));
@@ -128,6 +137,7 @@ void check_output_file(const std::string& path, std::string_view option) {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   if (path_.empty()) throw Error("cannot write a file with an empty name");
+  check_replaceable(path_, "cannot write");
   const std::string dir = parent_of(path_), base = base_of(path_);
   if (base.empty() || base == "." || base == "..")
     throw Error(fmt::format("cannot write {}: expected a file name, not a directory", path_));
@@ -169,6 +179,7 @@ void AtomicFile::commit() {
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw Error(fmt::format("cannot write {}: it is a directory", path_));
+  check_replaceable(path_, "cannot write");
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
     throw Error(fmt::format("cannot rename {} to {}: {}", tmp_, path_, std::strerror(errno)));
   committed_ = true;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "qmoe/error.h"
 
@@ -44,6 +45,39 @@ inline size_t json_depth_violation(std::string_view s, int limit) {
   return std::string_view::npos;
 }
 
+// Byte offset where an object gets its (limit+1)-th member (outside strings), or npos. For the
+// key-ordered parser (nlohmann::ordered_json), whose insertion is linear in the object's size.
+inline size_t json_members_violation(std::string_view s, size_t limit) {
+  struct Level {
+    bool object;
+    size_t commas;
+  };
+  std::vector<Level> stack;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      stack.push_back({c == '{', 0});
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',' && !stack.empty() && stack.back().object) {
+      if (++stack.back().commas >= limit) return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
 // nlohmann's message without its "[json.exception.parse_error.101] " tag, clipped to 200 bytes.
 inline std::string json_error_text(const nlohmann::json::exception& e) {
   std::string s = e.what();
@@ -58,7 +92,12 @@ inline std::string json_error_text(const nlohmann::json::exception& e) {
 // Parse `text` (named `where` in messages) as JSON nested at most kMaxJsonDepth deep. Every
 // failure is a qmoe::Error "WHERE: invalid JSON ...".
 template <class JsonT>
-JsonT parse_json_limited(std::string_view text, std::string_view where) {
+JsonT parse_json_limited(std::string_view text, std::string_view where, size_t max_object_members = 0) {
+  if (max_object_members > 0)
+    if (const size_t at = json_members_violation(text, max_object_members); at != std::string_view::npos)
+      throw Error(fmt::format("{}: invalid JSON (byte {}): an object with more than {} members (implausible for "
+                              "this file)",
+                              where, at, max_object_members));
   // nlohmann stops at a NUL byte as if the input ended there: the rest would be ignored silently.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
     throw Error(fmt::format("{}: invalid JSON (byte {}): a NUL byte; expected UTF-8 JSON text", where, nul));

@@ -196,6 +196,11 @@ TEST(HardeningOutput, OutputPathIsCheckedUpFront) {
   EXPECT_TRUE(has(error_of([&] { util::check_output_file(d.file("no/such/x.st"), "-o"); }), "does not exist"));
   EXPECT_TRUE(has(error_of([&] { util::check_output_file(d.file("x/"), "-o"); }), "directory"));
   EXPECT_NO_THROW(util::check_output_file(d.file("fine.safetensors"), "-o"));
+  // A device or FIFO is never replaced by the rename (as root, -o /dev/null would have been).
+  ASSERT_EQ(::mkfifo(d.file("pipe").c_str(), 0600), 0);
+  EXPECT_TRUE(has(error_of([&] { util::check_output_file(d.file("pipe"), "-o"); }), "is a FIFO"));
+  EXPECT_TRUE(has(error_of([&] { write_safetensors(d.file("pipe"), {}); }), "is a FIFO"));
+  EXPECT_TRUE(has(error_of([] { util::check_output_file("/dev/null", "-o"); }), "character device"));
   EXPECT_TRUE(has(error_of([] { write_safetensors("", {}); }), "empty name"));
 }
 

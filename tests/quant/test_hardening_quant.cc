@@ -1,5 +1,7 @@
 // Hostile config.json / quantization_config / layer patterns (issue #10, classes 1, 2, 3, 7):
 // every one is a clear qmoe::Error, quickly, never a crash, hang or silent wrong answer.
+#include <fmt/format.h>
+
 #include <chrono>
 
 #include "quant_test_util.h"
@@ -45,6 +47,17 @@ TEST(HardeningConfig, QuarkConfigNestingAndHugeValuesAreBounded) {
   const std::string m2 = error_of([&] { (void)quark_from(big); });
   EXPECT_TRUE(contains_ci(m2, "exclude[0]")) << m2;
   EXPECT_LT(m2.size(), 400u) << m2;
+}
+
+// Class 2: the key-ordered parser is quadratic in an object's size (100k keys: half a minute).
+TEST(HardeningConfig, HugeObjectsAreRejectedQuickly) {
+  std::string text = R"({"model_type": "qwen3_moe")";
+  for (int i = 0; i < 300000; ++i) text += fmt::format(",\"k{}\":{}", i, i);
+  text += "}";
+  const auto t0 = Clock::now();
+  const std::string msg = error_of([&] { (void)ModelConfig::parse(text, "wide/config.json"); });
+  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_TRUE(contains_ci(msg, "more than 20000 members")) << msg;
 }
 
 TEST(HardeningConfig, NulByteIsAnErrorNotTheEndOfTheFile) {
