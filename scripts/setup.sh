@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent: install the Debian packages qmoe builds with, only those that are missing.
+# QMOE_SETUP_FUZZ=1 adds clang and its libFuzzer runtime (the CI fuzz step).
 set -euo pipefail
-pkgs=(cmake make g++ googletest libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev)
+pkgs=(cmake make g++ googletest libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+      libre2-dev pkg-config)
+if [ "${QMOE_SETUP_FUZZ:-0}" = 1 ]; then pkgs+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -58,7 +58,8 @@ struct QuarkConfig {
 };
 
 // Pattern matching used for exclude and layer_quant_config (spec §16.3): exact name, shell glob
-// (`*`, `?`, `[..]`), or `re:<regex>` (ECMAScript, anchored at the start like Python re.match).
+// (`*`, `?`, `[..]`), or `re:<regex>` (RE2: Python re syntax without back-references and look-around,
+// anchored at the start like Python re.match; linear time). A bad pattern: qmoe::Error naming it.
 bool quark_pattern_matches(std::string_view pattern, std::string_view name);
 
 enum class Activation { Silu, Gelu, GeluTanh, SwigluOai };

@@ -41,6 +41,12 @@ struct ExpertsArgs {
 
 enum class Kernel { Reference, Optimized };
 
+// Every expert entry point (experts_reference, experts_optimized, cuda::experts_cuda) and
+// MoELayer::run / plan* refuse NaN / ±Inf in the hidden states (and topk weights / router logits)
+// with a qmoe::Error naming the tensor and the first bad token: one pass over the input. There is
+// no unchecked host path (docs/DECISIONS.md, "Non-finite inputs").
+void check_experts_inputs(const ExpertsArgs& a, const char* who);
+
 // The scalar reference: exact dequantized weights, fp64 accumulation, activations and the
 // intermediate quantized exactly where the scheme says. THE SPEC for every other kernel.
 void experts_reference(const ExpertsArgs& a);

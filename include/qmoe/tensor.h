@@ -66,4 +66,10 @@ class Tensor {
 // Throws qmoe::Error naming `what` for dtypes that are not numeric.
 std::vector<float> to_f32(const Tensor& t, std::string_view what = "tensor");
 
+// One pass over rows × cols row-major fp32 values: the first NaN / ±Inf throws qmoe::Error
+// "WHERE: tensor 'NAME' holds nan at token R (column C) ...; expected finite values" (`row_word`
+// names a row: "token" for activations).
+void check_finite_rows(const float* x, int64_t rows, int64_t cols, std::string_view tensor, std::string_view where,
+                       std::string_view row_word = "token");
+
 }  // namespace qmoe

@@ -347,6 +347,7 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   validate_args(a);
   const ExpertParams& p = *a.params;
   ref::validate_expert_params(p, "experts_optimized");
+  check_experts_inputs(a, "experts_optimized");
   if (a.T == 0) return;
   for (int64_t q = 0; q < static_cast<int64_t>(a.T) * a.K; ++q) {
     const int32_t id = a.topk_ids[q];

@@ -1,5 +1,7 @@
 #include "cpu/thread_pool.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "qmoe/error.h"
@@ -59,10 +61,11 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+// Bounded by the hardware threads: a larger request would only oversubscribe (or fail to start).
 int ThreadPool::resolve_threads(int threads) {
-  if (threads > 0) return threads;
   const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
+  const int hw = hc == 0 ? 1 : static_cast<int>(hc);
+  return threads > 0 ? std::min(threads, hw) : hw;
 }
 
 void ThreadPool::ensure_workers(int n) {

@@ -90,7 +90,8 @@ class ThreadPool {
  public:
   static ThreadPool& instance();
   ~ThreadPool();
-  // Runs body on up to `threads` members (≤ 0: std::thread::hardware_concurrency()). Rethrows the
+  // Runs body on up to `threads` members (≤ 0, or more than the hardware has: the hardware thread
+  // count, std::thread::hardware_concurrency()). Rethrows the
   // first exception any member recorded or threw.
   void run(int threads, const std::function<void(Team&)>& body);
   static int resolve_threads(int threads);

@@ -768,6 +768,7 @@ void CudaExperts::run_host(const ExpertsArgs& a) const {
   if (a.T < 0 || a.K <= 0) throw Error("CUDA experts: bad T=" + std::to_string(a.T) + " K=" + std::to_string(a.K));
   if (a.T == 0) return;
   if (!a.x || !a.topk_ids || !a.topk_weights || !a.out) throw Error("CUDA experts: ExpertsArgs has a null pointer");
+  check_experts_inputs(a, "experts_cuda");  // non-finite inputs are refused (docs/DECISIONS.md)
   for (int64_t i = 0; i < int64_t{a.T} * a.K; ++i)
     if (a.topk_ids[i] < 0 || a.topk_ids[i] >= m.E)
       throw Error("CUDA experts: topk_ids[" + std::to_string(i / a.K) + ", " + std::to_string(i % a.K) + "] = " +

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <array>
 #include <cstring>
 
@@ -155,6 +157,18 @@ std::vector<float> to_f32(const Tensor& t, std::string_view what) {
                               dtype_name(t.dtype())));
   }
   return out;
+}
+
+void check_finite_rows(const float* x, int64_t rows, int64_t cols, std::string_view tensor, std::string_view where,
+                       std::string_view row_word) {
+  const int64_t n = rows * cols;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(x[i])) continue;
+    const int64_t r = cols ? i / cols : 0, c = cols ? i % cols : 0;
+    throw Error(fmt::format("{}: tensor '{}' holds {} at {} {} (column {}); expected finite values (the first "
+                            "non-finite value of {} [{}, {}])",
+                            where, tensor, x[i], row_word, r, c, tensor, rows, cols));
+  }
 }
 
 }  // namespace qmoe

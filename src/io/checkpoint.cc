@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "qmoe/error.h"
 #include "qmoe/safetensors.h"
+#include "util/files.h"
+#include "util/json.h"
 
 namespace qmoe {
 
@@ -21,23 +21,24 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
-bool is_file(const fs::path& p) {
+// True when `p` exists as a regular file (following links); false when it does not exist;
+// qmoe::Error when it exists as anything else, so it is never skipped silently.
+bool regular_file_or_absent(const fs::path& p, std::string_view role) {
   std::error_code ec;
-  return fs::is_regular_file(p, ec);
+  const fs::file_status st = fs::status(p, ec);
+  if (ec || st.type() == fs::file_type::not_found) return false;
+  if (st.type() == fs::file_type::regular) return true;
+  const std::string kind = util::describe_non_regular(p.string());
+  throw Error(fmt::format("{} {} is {}; expected a regular file", role, p.string(),
+                          kind.empty() ? std::string("not a regular file") : kind));
 }
 
 // weight_map of an index file: tensor name → shard file name (a plain name inside the directory).
 std::map<std::string, std::string> read_weight_map(const fs::path& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read checkpoint index {}", index_path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("invalid JSON in checkpoint index {}: {}", index_path.string(), e.what()));
-  }
+  const std::string text =
+      util::read_regular_file(index_path.string(), "checkpoint index", util::kMaxJsonFileBytes);
+  const nlohmann::json j =
+      util::parse_json_limited<nlohmann::json>(text, fmt::format("checkpoint index {}", index_path.string()));
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw Error(fmt::format("checkpoint index {} must be a JSON object with a \"weight_map\" object (tensor name -> "
                             "shard file)",
@@ -68,14 +69,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   ck.dir_ = dir;
   const fs::path root(dir);
 
-  if (is_file(root / kIndexName)) {
+  if (regular_file_or_absent(root / kIndexName, "checkpoint index")) {
     const fs::path index_path = root / kIndexName;
     const auto weight_map = read_weight_map(index_path);
     std::map<std::string, size_t> file_idx;
     for (const auto& [name, file] : weight_map) file_idx.emplace(file, 0);
     for (auto& [file, idx] : file_idx) {
       const fs::path p = root / file;
-      if (!is_file(p))
+      if (!regular_file_or_absent(p, fmt::format("shard listed in checkpoint index {}:", index_path.string())))
         throw Error(fmt::format("shard {} listed in checkpoint index {} is missing", p.string(), index_path.string()));
       idx = ck.files_.size();
       ck.files_.push_back(SafetensorsFile::open(p.string()));
@@ -91,11 +92,12 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   }
 
   std::vector<fs::path> paths;
-  if (is_file(root / kSingleName)) {
+  if (regular_file_or_absent(root / kSingleName, "checkpoint file")) {
     paths.push_back(root / kSingleName);
   } else {
     for (const auto& entry : fs::directory_iterator(root, ec)) {
-      if (entry.path().extension() == ".safetensors" && is_file(entry.path())) paths.push_back(entry.path());
+      if (entry.path().extension() == ".safetensors" && regular_file_or_absent(entry.path(), "checkpoint file"))
+        paths.push_back(entry.path());
     }
     if (ec) throw Error(fmt::format("cannot list checkpoint directory {}: {}", dir, ec.message()));
     std::sort(paths.begin(), paths.end());
@@ -134,6 +136,11 @@ std::vector<std::string> Checkpoint::names() const {
   out.reserve(where_.size());
   for (const auto& [name, idx] : where_) out.push_back(name);
   return out;
+}
+
+void Checkpoint::release_prefix(std::string_view prefix) const {
+  for (auto it = where_.lower_bound(prefix); it != where_.end() && it->first.starts_with(prefix); ++it)
+    files_[it->second]->release(it->first);
 }
 
 std::string Checkpoint::file_of(std::string_view name) const {

@@ -9,10 +9,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "io/safetensors_header.h"
 #include "qmoe/error.h"
 #include "qmoe/safetensors.h"
+#include "util/files.h"
 
 namespace qmoe {
 
@@ -35,12 +37,16 @@ uint64_t read_le64(const uint8_t* p) {
 }  // namespace
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO must not block the open; it is rejected below like every non-regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error(fmt::format("cannot open safetensors file {}: {}", path, std::strerror(errno)));
   FdCloser closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw Error(fmt::format("cannot stat safetensors file {}: {}", path, std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) throw Error(fmt::format("safetensors path {} is not a regular file", path));
+  if (!S_ISREG(st.st_mode))
+    throw Error(fmt::format("safetensors file {} is {}; expected a regular file", path,
+                            util::describe_non_regular(path).empty() ? std::string("not a regular file")
+                                                                     : util::describe_non_regular(path)));
   const size_t size = static_cast<size_t>(st.st_size);
   if (size == 0) return from_bytes(nullptr, nullptr, 0, path);  // mmap of 0 bytes fails; report "too short"
 
@@ -48,7 +54,29 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (addr == MAP_FAILED) throw Error(fmt::format("cannot mmap safetensors file {} ({} bytes): {}", path, size,
                                                   std::strerror(errno)));
   std::shared_ptr<const void> mapping(addr, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
-  return from_bytes(std::move(mapping), static_cast<const uint8_t*>(addr), size, path);
+  auto f = from_bytes(std::move(mapping), static_cast<const uint8_t*>(addr), size, path);
+  f->mapped_ = true;
+  return f;
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
+  auto bytes = std::make_shared<std::string>(
+      util::read_regular_file(path, "safetensors file", std::numeric_limits<uint64_t>::max()));
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes->data());
+  const size_t size = bytes->size();
+  return from_bytes(std::shared_ptr<const void>(bytes, bytes->data()), data, size, path);
+}
+
+void SafetensorsFile::release(std::string_view name) const {
+  if (!mapped_) return;
+  const TensorInfo* info = find(name);
+  if (info == nullptr || info->end == info->begin) return;
+  // Drop the pages of this tensor from the process (a read-only private file mapping: they are
+  // read back from the file if touched again). Rounded outwards to whole pages.
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_ + info->begin) & ~(page - 1);
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(data_ + info->end);
+  (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<const void> keepalive,

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "qmoe/error.h"
+#include "util/json.h"
 
 namespace qmoe::io {
 
@@ -59,9 +60,7 @@ std::optional<uint64_t> as_u64(const json& v) {
 }
 
 std::string brief(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
+  return util::json_brief(v);
 }
 
 void parse_metadata(const json& v, const HeaderContext& ctx, std::map<std::string, std::string>& out) {
@@ -152,54 +151,112 @@ TensorInfo parse_tensor(const std::string& name, const json& v, const HeaderCont
   return info;
 }
 
-void check_overlaps(const std::vector<TensorInfo>& tensors, const HeaderContext& ctx) {
+// checkpoint-format.md §6: the byte ranges, sorted, tile the data buffer exactly: the first
+// begins at 0, each begins where the previous ends (empty tensors included), the last ends at the
+// buffer's end. O(N log N) in the number of tensors.
+void check_layout(const std::vector<TensorInfo>& tensors, const HeaderContext& ctx) {
   std::vector<const TensorInfo*> ranges;
-  for (const auto& t : tensors)
-    if (t.end > t.begin) ranges.push_back(&t);  // empty tensors own no bytes
+  ranges.reserve(tensors.size());
+  for (const auto& t : tensors) ranges.push_back(&t);
   std::sort(ranges.begin(), ranges.end(), [](const TensorInfo* a, const TensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    const TensorInfo& a = *ranges[i - 1];
-    const TensorInfo& b = *ranges[i];
-    if (a.end > b.begin)
+  uint64_t pos = 0;
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo* t : ranges) {
+    if (t->begin < pos)
       throw Error(fmt::format("tensors '{}' (data_offsets [{}, {}]) and '{}' (data_offsets [{}, {}]) overlap in {}",
-                              a.name, a.begin, a.end, b.name, b.begin, b.end, ctx.file));
+                              prev->name, prev->begin, prev->end, t->name, t->begin, t->end, ctx.file));
+    if (t->begin > pos)
+      throw Error(fmt::format("{}: {} unused bytes [{}, {}) in the data buffer before tensor '{}' (data_offsets "
+                              "[{}, {}]); expected contiguous tensors from offset 0 with no gaps",
+                              ctx.file, t->begin - pos, pos, t->begin, t->name, t->begin, t->end));
+    pos = t->end;
+    prev = t;
   }
+  if (pos != ctx.data_size)
+    throw Error(fmt::format("{}: {} bytes after the last tensor{} (the tensors end at offset {}, the data buffer "
+                            "holds {} bytes: file size {}, header {} bytes); expected the last tensor to end at the "
+                            "end of the file",
+                            ctx.file, ctx.data_size - pos, prev ? fmt::format(" '{}'", prev->name) : std::string(),
+                            pos, ctx.data_size, ctx.file_size, ctx.header_len));
+}
+
+// The top-level keys of a JSON object text that has already parsed, in file order
+// (nlohmann::json sorts keys, so the order is recovered here). Linear in the text; each key is
+// decoded (escapes) by the JSON parser.
+std::vector<std::string> top_level_keys(std::string_view s) {
+  std::vector<std::string> keys;
+  int depth = 0;
+  bool expect_key = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      size_t j = i + 1;
+      while (j < s.size() && s[j] != '"') j += s[j] == '\\' ? 2 : 1;
+      j = std::min(j, s.size() - 1);
+      if (depth == 1 && expect_key) {
+        keys.push_back(json::parse(s.substr(i, j - i + 1)).get<std::string>());
+        expect_key = false;
+      }
+      i = j;
+    } else if (c == '{' || c == '[') {
+      if (++depth == 1) expect_key = c == '{';
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == ',' && depth == 1) {
+      expect_key = true;
+    }
+  }
+  return keys;
 }
 
 }  // namespace
 
 ParsedHeader parse_safetensors_header(std::string_view header, const HeaderContext& ctx) {
+  // nlohmann's parser takes a NUL byte for the end of input, so "{}\0{...}" would parse as an
+  // empty header. NUL padding at the end is tolerated; a NUL followed by anything else is an error.
+  if (const size_t nul = header.find('\0'); nul != std::string_view::npos) {
+    if (header.find_first_not_of('\0', nul) != std::string_view::npos)
+      throw Error(fmt::format("invalid JSON header in {}: a NUL byte at header offset {} is followed by more text "
+                              "(expected UTF-8 JSON, padded with spaces)",
+                              ctx.file, nul));
+    header = header.substr(0, nul);
+  }
   check_nesting(header, ctx);
 
-  // Top-level keys in header order (nlohmann::json sorts object keys; the callback sees them as read).
-  std::vector<std::string> order;
+  // No parser callback: nlohmann's callback parser rescans the enclosing object at every nested
+  // object's end, O(N²) in the number of tensors (80k tensors took minutes).
   json root;
+  std::vector<std::string> order;
   try {
-    root = json::parse(header.begin(), header.end(), [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth == 1 && event == json::parse_event_t::key) order.push_back(parsed.get<std::string>());
-      return true;
-    });
+    root = json::parse(header.begin(), header.end());
+    if (!root.is_object())
+      throw Error(fmt::format("invalid JSON header in {}: expected a JSON object, found {}", ctx.file,
+                              root.type_name()));
+    order = top_level_keys(header);
   } catch (const json::exception& e) {
-    throw Error(fmt::format("invalid JSON header in {}: {}", ctx.file, e.what()));
+    throw Error(fmt::format("invalid JSON header in {}: {}", ctx.file, util::json_error_text(e)));
   }
-  if (!root.is_object())
-    throw Error(fmt::format("invalid JSON header in {}: expected a JSON object, found {}", ctx.file,
-                            root.type_name()));
 
   ParsedHeader out;
-  std::set<std::string_view> seen;  // duplicate keys: nlohmann keeps the last value, listed once
+  std::set<std::string_view> seen;  // nlohmann keeps the last value of a duplicated key
   for (const std::string& key : order) {
-    if (!seen.insert(key).second) continue;
-    const json& v = root.at(key);
+    if (!seen.insert(key).second)
+      throw Error(fmt::format("invalid JSON header in {}: the key '{}' appears more than once (tensor names must be "
+                              "unique)",
+                              ctx.file, key));
+    const auto it = root.find(key);
+    if (it == root.end())
+      throw Error(fmt::format("invalid JSON header in {}: cannot read the entry '{}'", ctx.file, key));
+    const json& v = *it;
     if (key == "__metadata__") {
       parse_metadata(v, ctx, out.metadata);
     } else {
       out.tensors.push_back(parse_tensor(key, v, ctx));
     }
   }
-  check_overlaps(out.tensors, ctx);
+  check_layout(out.tensors, ctx);
   return out;
 }
 

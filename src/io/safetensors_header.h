@@ -31,8 +31,8 @@ struct HeaderContext {
 // Parse and validate the whole header: JSON object; "__metadata__" a string→string object;
 // every other key a tensor {dtype, shape, data_offsets} with a known dtype, non-negative
 // shape whose element count × bit size is a whole number of bytes equal to end − begin, a
-// range inside the data buffer, and no two (non-empty) ranges overlapping. Gaps between
-// ranges are accepted. Throws qmoe::Error naming the file and the tensor.
+// range inside the data buffer; keys unique; the ranges contiguous from 0 to the end of the
+// buffer (no gap, no overlap, no trailing bytes). Throws qmoe::Error naming the file and tensor.
 ParsedHeader parse_safetensors_header(std::string_view header, const HeaderContext& ctx);
 
 }  // namespace qmoe::io

@@ -12,6 +12,7 @@
 
 #include "qmoe/error.h"
 #include "qmoe/safetensors.h"
+#include "util/files.h"
 
 namespace qmoe {
 
@@ -26,42 +27,7 @@ std::string json_string(const std::string& s, std::string_view what, const std::
   }
 }
 
-// Writes bytes to PATH.tmp and renames it to PATH; removes the temporary file on failure.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw Error(fmt::format("cannot create {}: {}", tmp_, std::strerror(errno)));
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (f_) std::fclose(f_);
-    if (!committed_) std::remove(tmp_.c_str());
-  }
-
-  void write(const void* data, size_t n) {
-    if (n == 0) return;
-    if (std::fwrite(data, 1, n, f_) != n)
-      throw Error(fmt::format("cannot write {} bytes to {}: {}", n, tmp_, std::strerror(errno)));
-  }
-
-  void commit() {
-    const int rc = std::fclose(f_);
-    f_ = nullptr;
-    if (rc != 0) throw Error(fmt::format("cannot finish writing {}: {}", tmp_, std::strerror(errno)));
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-    if (ec) throw Error(fmt::format("cannot rename {} to {}: {}", tmp_, path_, ec.message()));
-    committed_ = true;
-  }
-
- private:
-  std::string path_;
-  std::string tmp_;
-  std::FILE* f_ = nullptr;
-  bool committed_ = false;
-};
+using util::AtomicFile;
 
 }  // namespace
 

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "methods/params_internal.h"
 #include "qmoe/error.h"
+#include "qmoe/formats.h"
 
 namespace qmoe::methods {
 
@@ -96,7 +98,45 @@ static Tensor fetch_scalar_tensor(const ProjSource& src, std::string_view suffix
 float fetch_scalar(const ProjSource& src, std::string_view suffix, std::string_view what) {
   Tensor t = fetch_scalar_tensor(src, suffix, what);
   expect_dtype(t, src.name(suffix), kFloatDTypes, what);
-  return to_f32(t, src.name(suffix))[0];
+  const float v = to_f32(t, src.name(suffix))[0];
+  check_positive_scales(&v, 1, src.name(suffix), what);
+  return v;
+}
+
+namespace {
+std::string element_at(int64_t i, int64_t n) { return n == 1 ? std::string("its value") : fmt::format("element {}", i); }
+}  // namespace
+
+void check_positive_scales(const float* v, int64_t n, const std::string& name, std::string_view what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i]) && v[i] > 0.0f) continue;
+    throw Error(fmt::format("tensor '{}': {} is {}; expected a finite scale > 0 ({})", name, element_at(i, n), v[i],
+                            what));
+  }
+}
+
+void check_e8m0_scales(const Tensor& t, const std::string& name, std::string_view what) {
+  const uint8_t* b = t.data_as<uint8_t>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    if (b[i] == 0xFF)
+      throw Error(fmt::format("tensor '{}': {} is 255, the E8M0 encoding of NaN; expected scale bytes 0..254 ({})",
+                              name, element_at(i, n), what));
+}
+
+void check_fp8_block_scales(const Tensor& t, const std::string& name, std::string_view what) {
+  const uint8_t* b = t.data_as<uint8_t>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t c = b[i];
+    if ((c & 0x7F) == 0x7F)
+      throw Error(fmt::format("tensor '{}': {} is NaN (FP8 E4M3 byte 0x{:02X}); expected finite scales >= 0 ({})",
+                              name, element_at(i, n), c, what));
+    if ((c & 0x80) && c != 0x80)
+      throw Error(fmt::format("tensor '{}': {} is negative ({}, FP8 E4M3 byte 0x{:02X}); expected finite scales >= 0 "
+                              "({})",
+                              name, element_at(i, n), fp8_e4m3_decode(c), c, what));
+  }
 }
 
 int8_t fetch_scalar_i8(const ProjSource& src, std::string_view suffix, std::string_view what) {
@@ -223,7 +263,9 @@ void load_float_weight_scale(ExpertParams& p, const ProjSource& src) {
   Tensor t = fetch(src, "weight_scale", what);
   expect_dtype(t, src.name("weight_scale"), kFloatDTypes, what);
   expect_shape(t, src.name("weight_scale"), {src.out_dim()}, what);
-  place_rows_1d(src, as_f32(t, src.name("weight_scale")), param);
+  const Tensor f = as_f32(t, src.name("weight_scale"));
+  check_positive_scales(f.data_as<float>(), f.numel(), src.name("weight_scale"), what);
+  place_rows_1d(src, f, param);
 }
 
 void load_static_input_scale(ExpertParams& p, const ProjSource& src, std::string_view suffix) {

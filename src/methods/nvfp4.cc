@@ -29,6 +29,7 @@ void load_nvfp4(ExpertParams& p, const ProjSource& src) {
   Tensor s = fetch(src, "weight_scale", what);
   expect_dtype(s, src.name("weight_scale"), {DType::F8_E4M3}, what);
   expect_shape(s, src.name("weight_scale"), {src.out_dim(), src.in_dim() / kNvfp4Block}, what);
+  check_fp8_block_scales(s, src.name("weight_scale"), what);
   place_slice(src, s, block_scale_col_layout(WeightFormat::Nvfp4),
               is_w13(src.shard) ? p.w13_weight_scale : p.w2_weight_scale);
   place_per_tensor_f32(src, fetch_scalar(src, "weight_scale_2", "NVFP4 per-tensor weight_scale_2"),

@@ -34,6 +34,7 @@ void load_ocp_mx(ExpertParams& p, const ProjSource& src) {
   Tensor s = fetch(src, "weight_scale", what);
   expect_dtype(s, src.name("weight_scale"), {DType::U8, DType::F8_E8M0}, what);
   expect_shape(s, src.name("weight_scale"), {src.out_dim(), src.in_dim() / kMxBlock}, what);
+  check_e8m0_scales(s, src.name("weight_scale"), what);
   place_slice(src, s, block_scale_col_layout(f), is_w13(src.shard) ? p.w13_weight_scale : p.w2_weight_scale);
   if (act_is_static(p.scheme->act)) load_static_input_scale(p, src, "input_scale");
 }

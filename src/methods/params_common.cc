@@ -9,6 +9,7 @@
 
 #include "methods/params_internal.h"
 #include "qmoe/error.h"
+#include "util/files.h"
 
 namespace qmoe::methods {
 
@@ -173,8 +174,47 @@ void load_all(ExpertParams& p, const Checkpoint& ckpt, const std::vector<ShardNa
       const ProjSource src = source(l, sn);
       load_for_method(p, src);
       if (has_bias) load_bias(p, src);
+      ckpt.release_prefix(src.base + ".");  // copied into the parameters: drop the mapped pages
     }
   }
+}
+
+// Before anything is allocated: every weight tensor this rank will load exists with the shape the
+// config implies, so a config declaring sizes the checkpoint does not store fails with the tensor's
+// name instead of allocating for them; then the allocation is checked against the machine.
+void precheck_weights(const Checkpoint& ckpt, const SchemeInfo& s, const std::vector<int>& map,
+                      const std::vector<ShardName>& shards, int64_t hidden, int64_t inter_full, int64_t inter_p,
+                      const std::function<std::string(int global, const std::string& proj)>& base_of,
+                      std::string_view where) {
+  const WeightFormat f = s.weight;
+  auto cols = [&](int64_t in) { return f == WeightFormat::BF16 ? in : packed_bytes(f, in); };
+  int64_t n_local = 0;
+  for (size_t g = 0; g < map.size(); ++g) {
+    if (map[g] < 0) continue;
+    ++n_local;
+    for (const ShardName& sn : shards) {
+      const std::string name = base_of(static_cast<int>(g), sn.proj) + ".weight";
+      const TensorInfo* info = ckpt.info(name);
+      if (info == nullptr)
+        throw Error(fmt::format("tensor '{}' is missing from the checkpoint in '{}' (needed for {}: config.json "
+                                "declares {} experts, hidden_size {}, intermediate size {})",
+                                name, ckpt.dir(), where, map.size(), hidden, inter_full));
+      const int64_t out = sn.shard == Shard::Down ? hidden : sn.shard == Shard::GateUp ? 2 * inter_full : inter_full;
+      const int64_t in = sn.shard == Shard::Down ? inter_full : hidden;
+      const Shape expected{out, cols(in)};
+      if (info->shape != expected)
+        throw Error(fmt::format("tensor '{}': shape {} does not match the expected shape {} ({} weight of {}: "
+                                "config.json declares hidden_size {}, intermediate size {})",
+                                name, shape_str(info->shape), shape_str(expected), to_string(f), where, hidden,
+                                inter_full));
+    }
+  }
+  // Parameter bytes: the weights (F32 for unquantized) plus at most a few percent of scales.
+  const int64_t elem_num = f == WeightFormat::BF16 ? 4 : 1;
+  const uint64_t w13 = static_cast<uint64_t>(2 * inter_p) * static_cast<uint64_t>(cols(hidden) * elem_num);
+  const uint64_t w2 = static_cast<uint64_t>(hidden) * static_cast<uint64_t>(cols(inter_p) * elem_num);
+  util::check_allocation(static_cast<uint64_t>(n_local) * (w13 + w2) / 16 * 17,
+                         fmt::format("loading the {} local experts of {}", n_local, where));
 }
 
 }  // namespace
@@ -223,14 +263,6 @@ ExpertParams load_expert_params(const Checkpoint& ckpt, const ModelConfig& cfg, 
                                     fmt::format("experts of layer {} ('{}')", layer, prefix));
   const std::vector<int> map = opt.expert_map.empty() ? ep_expert_map(E, opt.ep_rank, opt.ep_size) : opt.expert_map;
 
-  ExpertParams p = create_expert_params(*scheme.scheme, E, map, cfg.hidden_size, static_cast<int>(slice.len),
-                                        cfg.expert_bias, activation_of(cfg, gpt_oss));
-  p.inter_full = cfg.moe_intermediate_size;
-  p.tp_rank = opt.tp_rank;
-  p.tp_size = opt.tp_size;
-  p.prefix = prefix;
-  p.act_scale_mode = scheme.act_scale_mode;
-
   const std::vector<std::string> names = cfg.projection_names();
   std::vector<ShardName> shards;
   if (gpt_oss) {
@@ -240,8 +272,18 @@ ExpertParams load_expert_params(const Checkpoint& ckpt, const ModelConfig& cfg, 
     if (names.size() != 3) throw Error(fmt::format("layer {}: expected 3 projection names, got {}", layer, names.size()));
     shards = {{Shard::Gate, names[0]}, {Shard::Up, names[1]}, {Shard::Down, names[2]}};
   }
-  load_all(p, ckpt, shards, slice, cfg.expert_bias,
-           [&](int g, const std::string& proj) { return fmt::format("{}.{}.{}", prefix, g, proj); });
+  const auto base_of = [&](int g, const std::string& proj) { return fmt::format("{}.{}.{}", prefix, g, proj); };
+  precheck_weights(ckpt, *scheme.scheme, map, shards, cfg.hidden_size, cfg.moe_intermediate_size, slice.len, base_of,
+                   fmt::format("the experts of layer {} ('{}')", layer, prefix));
+
+  ExpertParams p = create_expert_params(*scheme.scheme, E, map, cfg.hidden_size, static_cast<int>(slice.len),
+                                        cfg.expert_bias, activation_of(cfg, gpt_oss));
+  p.inter_full = cfg.moe_intermediate_size;
+  p.tp_rank = opt.tp_rank;
+  p.tp_size = opt.tp_size;
+  p.prefix = prefix;
+  p.act_scale_mode = scheme.act_scale_mode;
+  load_all(p, ckpt, shards, slice, cfg.expert_bias, base_of);
   return p;
 }
 
@@ -254,6 +296,10 @@ ExpertParams load_shared_expert_params(const Checkpoint& ckpt, const ModelConfig
     throw Error(fmt::format("layer {} has no shared expert (model_type {})", layer, cfg.model_type));
   const InterSlice slice = tp_slice(*scheme.scheme, cfg.shared_expert_intermediate_size, opt.tp_rank, opt.tp_size,
                                     false, fmt::format("shared expert of layer {} ('{}')", layer, prefix));
+  const std::vector<ShardName> shards = {{Shard::Gate, "gate_proj"}, {Shard::Up, "up_proj"}, {Shard::Down, "down_proj"}};
+  const auto base_of = [&](int, const std::string& proj) { return fmt::format("{}.{}", prefix, proj); };
+  precheck_weights(ckpt, *scheme.scheme, {0}, shards, cfg.hidden_size, cfg.shared_expert_intermediate_size, slice.len,
+                   base_of, fmt::format("the shared expert of layer {} ('{}')", layer, prefix));
   // The shared expert is replicated on every EP rank: E = 1, always local.
   ExpertParams p = create_expert_params(*scheme.scheme, 1, {0}, cfg.hidden_size, static_cast<int>(slice.len), false,
                                         activation_of(cfg, false));
@@ -262,9 +308,7 @@ ExpertParams load_shared_expert_params(const Checkpoint& ckpt, const ModelConfig
   p.tp_size = opt.tp_size;
   p.prefix = prefix;
   p.act_scale_mode = scheme.act_scale_mode;
-  const std::vector<ShardName> shards = {{Shard::Gate, "gate_proj"}, {Shard::Up, "up_proj"}, {Shard::Down, "down_proj"}};
-  load_all(p, ckpt, shards, slice, false,
-           [&](int, const std::string& proj) { return fmt::format("{}.{}", prefix, proj); });
+  load_all(p, ckpt, shards, slice, false, base_of);
   return p;
 }
 

@@ -71,7 +71,13 @@ void expect_dtype(const Tensor& t, const std::string& name, std::initializer_lis
 void expect_shape(const Tensor& t, const std::string& name, const Shape& expected, std::string_view what);
 // Float dtypes accepted for scales / biases / unquantized weights (converted exactly to fp32).
 inline constexpr std::initializer_list<DType> kFloatDTypes = {DType::F32, DType::BF16, DType::F16};
-// A per-tensor scalar: shape [] or [1] (numel > 1 is an error), float dtype → exact fp32.
+// Scale validation (messages name the tensor and the element): float scales finite and > 0; E8M0
+// bytes not 255 (NaN); FP8 E4M3 block scales (NVFP4) finite and >= 0 (an all-zero block has scale 0).
+void check_positive_scales(const float* v, int64_t n, const std::string& name, std::string_view what);
+void check_e8m0_scales(const Tensor& t, const std::string& name, std::string_view what);
+void check_fp8_block_scales(const Tensor& t, const std::string& name, std::string_view what);
+// A per-tensor scale: shape [] or [1] (numel > 1 is an error), float dtype → exact fp32, finite
+// and > 0 (check_positive_scales).
 float fetch_scalar(const ProjSource& src, std::string_view suffix, std::string_view what);
 // A per-tensor I8 zero point ([] or [1]).
 int8_t fetch_scalar_i8(const ProjSource& src, std::string_view suffix, std::string_view what);

@@ -14,8 +14,17 @@ namespace qmoe {
 
 namespace {
 
+// An owned copy, so that the layer keeps no view into the checkpoint's mapping (which is then
+// unmapped once the layer is built).
 Tensor optional_tensor(const Checkpoint& ckpt, const std::string& name) {
-  return !name.empty() && ckpt.has(name) ? ckpt.get(name) : Tensor{};
+  return !name.empty() && ckpt.has(name) ? ckpt.get(name).clone() : Tensor{};
+}
+
+void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where) {
+  if (!t.defined()) return;
+  const std::vector<float> v = to_f32(t, name);
+  const int64_t cols = t.ndim() >= 2 ? t.dim(-1) : t.numel();
+  check_finite_rows(v.data(), cols ? t.numel() / cols : 0, cols, name, where, "row");
 }
 
 void check_numel(const Tensor& t, int64_t n, const char* what, const std::string& where) {
@@ -46,10 +55,10 @@ MoELayer MoELayer::from_checkpoint(const std::string& dir, int layer, const MoEL
     throw Error(fmt::format("tensor '{}' not found in checkpoint {} (config.json declares a router bias)",
                             cfg.router_bias_name(layer), dir));
   Tensor correction_bias;
-  if (cfg.routing.has_correction_bias) correction_bias = ckpt.get(cfg.correction_bias_name(layer));
+  if (cfg.routing.has_correction_bias) correction_bias = ckpt.get(cfg.correction_bias_name(layer)).clone();
   Tensor shared_gate;
   if (cfg.shared_expert_gate && cfg.shared_expert_intermediate_size > 0)
-    shared_gate = ckpt.get(cfg.shared_expert_gate_name(layer));
+    shared_gate = ckpt.get(cfg.shared_expert_gate_name(layer)).clone();
   return MoELayer(std::move(cfg), std::move(experts), std::move(shared), std::move(router_weight),
                   std::move(router_bias), std::move(correction_bias), std::move(shared_gate), opt);
 }
@@ -97,6 +106,12 @@ MoELayer::MoELayer(ModelConfig cfg, ExpertParams experts, std::optional<ExpertPa
                               where, H, shared_->num_experts, shared_->hidden));
   }
   check_numel(shared_gate_, H, "shared_expert_gate weight", where);
+  // Routing inputs from the checkpoint must be finite: a NaN there would surface as "bad router
+  // logits" of the first token.
+  check_finite_tensor(router_weight_, "router weight", where);
+  check_finite_tensor(router_bias_, "router bias", where);
+  check_finite_tensor(correction_bias_, "e_score_correction_bias", where);
+  check_finite_tensor(shared_gate_, "shared_expert_gate weight", where);
 }
 
 void MoELayer::run(const float* x, MoEWorkspace& ws, float* out) const {
@@ -105,6 +120,8 @@ void MoELayer::run(const float* x, MoEWorkspace& ws, float* out) const {
       ws.topk_weights.size() != ws.topk_ids.size())
     throw Error("run: the workspace holds no routing for this layer; call plan() first");
   if (x == nullptr || out == nullptr) throw Error("run: x and out must not be null");
+  // The checked entry point: non-finite hidden states are refused (docs/DECISIONS.md).
+  check_finite_rows(x, T, H, "hidden_states", "run");
   std::fill(out, out + static_cast<size_t>(T) * H, 0.0f);
 
   auto dispatch = [&](const ExpertsArgs& a) {

@@ -2,6 +2,8 @@
 // (counts, offsets, sorted_slots; slots of non-local experts are left out).
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
 
@@ -14,6 +16,11 @@ void MoELayer::plan(const float* router_logits, int T, MoEWorkspace& ws) const {
   if (E != cfg_.num_experts)
     throw Error(fmt::format("plan: the layer's experts have E = {} but config.json says num_experts = {}", E,
                             cfg_.num_experts));
+  if (static_cast<int64_t>(T) * K > INT32_MAX)
+    throw Error(fmt::format("plan: T = {} tokens x top_k = {} routing slots exceed the limit of {} per call; split "
+                            "the batch",
+                            T, K, INT32_MAX));
+  check_finite_rows(router_logits, T, E, "router_logits", "plan");
   ws.T = T;
   ws.K = K;
   ws.topk_ids.assign(static_cast<size_t>(T) * K, 0);
@@ -44,6 +51,8 @@ void MoELayer::plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const {
                             cfg_.dir.empty() ? std::string("built in memory") : cfg_.dir));
   if (T < 1) throw Error(fmt::format("plan_from_hidden: token count T = {} must be at least 1", T));
   if (x == nullptr) throw Error("plan_from_hidden: hidden states are null");
+  // Before the router: NaN / Inf in the input is reported as such, not as bad router logits.
+  check_finite_rows(x, T, experts_.hidden, "hidden_states", "plan_from_hidden");
   std::vector<float> logits(static_cast<size_t>(T) * static_cast<size_t>(router_weight_.dim(0)));
   compute_router_logits(x, T, experts_.hidden, router_weight_, router_bias_.defined() ? &router_bias_ : nullptr,
                         logits.data());

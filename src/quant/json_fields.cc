@@ -5,15 +5,13 @@
 #include <cmath>
 
 #include "qmoe/error.h"
+#include "util/json.h"
 
 namespace qmoe::detail {
 
 Json parse_json(std::string_view text, std::string_view where) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("{}: invalid JSON (byte {}): {}", where, e.byte, e.what()));
-  }
+  // ordered_json inserts in time linear in the object's size: bound the members per object.
+  return util::parse_json_limited<Json>(text, where, kMaxJsonObjectMembers);
 }
 
 std::string json_type_name(const Json& v) {
@@ -41,7 +39,7 @@ const Json* find_field(const Json& obj, std::string_view key) {
 [[noreturn]] void wrong_type(const Json& v, std::string_view key, std::string_view path,
                              std::string_view where, std::string_view expected) {
   throw Error(fmt::format("{}: field '{}' must be {} or null, got {} {}", where, field_path(path, key),
-                          expected, json_type_name(v), v.dump()));
+                          expected, json_type_name(v), util::json_brief(v)));
 }
 }  // namespace
 

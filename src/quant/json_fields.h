@@ -14,7 +14,10 @@ namespace qmoe::detail {
 // Keeps the file's key order (layer_quant_config is matched in file order).
 using Json = nlohmann::ordered_json;
 
-// Parse JSON text; a syntax error names `where` and the byte offset.
+// Members per JSON object accepted in config.json / quantization_config (real ones: < 1000).
+constexpr size_t kMaxJsonObjectMembers = 20000;
+
+// Parse JSON text (nesting and object sizes bounded); a syntax error names `where` and the byte offset.
 Json parse_json(std::string_view text, std::string_view where);
 
 // "null", "boolean", "integer", "number", "string", "array", "object".

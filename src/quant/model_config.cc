@@ -5,18 +5,26 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
-#include <sstream>
 
 #include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "quant/json_fields.h"
+#include "util/files.h"
+#include "util/json.h"
 
 namespace qmoe {
 
 namespace {
 
 using detail::Json;
+
+// Plausibility limits on config sizes (docs/DECISIONS.md): far above every released MoE model, low
+// enough that no size computed from them overflows and no loop over them runs long before the
+// checkpoint's tensors are checked against them.
+constexpr int kMaxLayers = 1 << 16;
+constexpr int kMaxExperts = 1 << 16;
+constexpr int kMaxHidden = 1 << 20;
+constexpr int kMaxIntermediate = 1 << 20;
 
 constexpr std::array<std::string_view, 6> kSupportedModelTypes{
     "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"};
@@ -56,7 +64,7 @@ class Fields {
     if (it == j_.end() || it->is_null()) return out;
     if (!it->is_array()) fail(key, fmt::format("must be a list of integers, got {}", detail::json_type_name(*it)));
     for (const Json& e : *it) {
-      if (!e.is_number_integer()) fail(key, fmt::format("must be a list of integers, has {}", e.dump()));
+      if (!e.is_number_integer()) fail(key, fmt::format("must be a list of integers, has {}", util::json_brief(e)));
       out.push_back(checked_int(key, e.get<int64_t>()));
     }
     return out;
@@ -69,6 +77,11 @@ class Fields {
   }
   void require_positive(std::string_view key, int v) const {
     if (v <= 0) fail(key, fmt::format("must be > 0, got {}", v));
+  }
+  void require_at_most(std::string_view key, int v, int limit, std::string_view what) const {
+    if (v > limit)
+      fail(key, fmt::format("= {} exceeds qmoe's limit of {} {} (an implausible model size; is the file corrupt?)", v,
+                            limit, what));
   }
 
  private:
@@ -108,15 +121,18 @@ void parse_qwen_moe(ModelConfig& c, const Fields& f, bool qwen2) {
   c.activation = parse_activation(f);
   const int step = f.opt_int("decoder_sparse_step", 1);
   if (step <= 0) f.fail("decoder_sparse_step", fmt::format("must be >= 1, got {}", step));
-  const std::vector<int> mlp_only = f.opt_int_list("mlp_only_layers");
+  std::vector<int> mlp_only = f.opt_int_list("mlp_only_layers");
+  std::sort(mlp_only.begin(), mlp_only.end());
   for (int l = 0; l < c.num_layers; ++l) {
-    const bool dense = std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end();
+    const bool dense = std::binary_search(mlp_only.begin(), mlp_only.end(), l);
     if (!dense && c.num_experts > 0 && (l + 1) % step == 0) c.moe_layers.push_back(l);
   }
   if (qwen2) {
     c.shared_expert_intermediate_size = f.req_int("shared_expert_intermediate_size");
     if (c.shared_expert_intermediate_size < 0)
       f.fail("shared_expert_intermediate_size", fmt::format("must be >= 0, got {}", c.shared_expert_intermediate_size));
+    f.require_at_most("shared_expert_intermediate_size", c.shared_expert_intermediate_size, kMaxIntermediate,
+                      "elements");
     c.shared_expert_gate = c.shared_expert_intermediate_size > 0;
   }
 }
@@ -131,7 +147,16 @@ void parse_deepseek(ModelConfig& c, const Fields& f, bool v3) {
   if (!v3 && !f.present("n_shared_experts")) f.missing("n_shared_experts");
   const int n_shared = f.present("n_shared_experts") ? f.opt_int("n_shared_experts", 0) : 1;
   if (n_shared < 0) f.fail("n_shared_experts", fmt::format("must be >= 0, got {}", n_shared));
-  c.shared_expert_intermediate_size = n_shared * c.moe_intermediate_size;
+  f.require_positive("moe_intermediate_size", c.moe_intermediate_size);
+  f.require_at_most("moe_intermediate_size", c.moe_intermediate_size, kMaxIntermediate, "elements");
+  int64_t shared = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(n_shared), static_cast<int64_t>(c.moe_intermediate_size), &shared) ||
+      shared > kMaxIntermediate)
+    f.fail("n_shared_experts",
+           fmt::format("= {} times moe_intermediate_size = {} is a shared-expert intermediate size beyond qmoe's "
+                       "limit of {} elements",
+                       n_shared, c.moe_intermediate_size, kMaxIntermediate));
+  c.shared_expert_intermediate_size = static_cast<int>(shared);
 
   RoutingConfig& r = c.routing;
   r.renormalize = f.opt_bool("norm_topk_prob", v3);
@@ -229,6 +254,8 @@ ModelConfig ModelConfig::parse(std::string_view json_text, std::string_view wher
   c.num_layers = f.req_int("num_hidden_layers");
   f.require_positive("hidden_size", c.hidden_size);
   f.require_positive("num_hidden_layers", c.num_layers);
+  f.require_at_most("hidden_size", c.hidden_size, kMaxHidden, "elements");
+  f.require_at_most("num_hidden_layers", c.num_layers, kMaxLayers, "layers");
 
   if (c.model_type == "mixtral") {
     parse_mixtral(c, f);
@@ -243,10 +270,12 @@ ModelConfig ModelConfig::parse(std::string_view json_text, std::string_view wher
   const std::string_view i_field = c.model_type == "mixtral" || c.model_type == "gpt_oss"
                                        ? "intermediate_size" : "moe_intermediate_size";
   f.require_positive(i_field, c.moe_intermediate_size);
+  f.require_at_most(i_field, c.moe_intermediate_size, kMaxIntermediate, "elements");
   const std::string_view e_field = c.model_type == "mixtral" || c.model_type == "gpt_oss" ? "num_local_experts"
                                    : c.model_type.starts_with("deepseek")                ? "n_routed_experts"
                                                                                          : "num_experts";
   f.require_positive(e_field, c.num_experts);
+  f.require_at_most(e_field, c.num_experts, kMaxExperts, "experts");
   f.require_positive("num_experts_per_tok", c.top_k);
   if (c.top_k > c.num_experts)
     f.fail("num_experts_per_tok", fmt::format("= {} exceeds the number of experts {}", c.top_k, c.num_experts));
@@ -271,12 +300,16 @@ ModelConfig ModelConfig::parse(std::string_view json_text, std::string_view wher
 
 ModelConfig ModelConfig::load(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open the model config (does the checkpoint directory exist?)", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("{}: read error", path));
-  ModelConfig c = parse(ss.str(), path);
+  if (!util::describe_non_regular(dir).empty() && util::describe_non_regular(dir) != "a directory")
+    throw Error(fmt::format("checkpoint directory {} is {}; expected a directory", dir, util::describe_non_regular(dir)));
+  std::string text;
+  try {
+    text = util::read_regular_file(path, "model config", util::kMaxJsonFileBytes);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: cannot read the model config (does the checkpoint directory exist?): {}", path,
+                            e.what()));
+  }
+  ModelConfig c = parse(text, path);
   c.dir = dir;
   return c;
 }

@@ -1,10 +1,12 @@
 // Layer-name patterns of Quark `exclude` and `layer_quant_config` (spec quark-moe.md §16.3):
 // exact names, shell globs with Python fnmatch semantics, and `re:` regexes anchored at the start.
 #include <fmt/format.h>
+#include <re2/re2.h>
 
+#include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -120,30 +122,70 @@ bool glob_matches(std::string_view pattern, std::string_view name) {
 
 bool is_glob(std::string_view p) { return p.find_first_of("*?[") != std::string_view::npos; }
 
+// Longest `re:` pattern accepted (real ones are well under 200 characters).
+constexpr size_t kMaxRegexBytes = 4096;
+// RE2's memory budget for one compiled pattern (its default is 8 MB).
+constexpr int64_t kRegexMaxMem = 8 << 20;
+
+// Python `re` constructs RE2 does not implement, for a clearer message than RE2's.
+std::string unsupported_python_syntax(std::string_view body) {
+  for (size_t i = 0; i + 1 < body.size(); ++i) {
+    if (body[i] == '\\') {
+      const char n = body[i + 1];
+      if (n >= '1' && n <= '9') return fmt::format("the back-reference '\\{}'", n);
+      ++i;  // skip the escaped character
+      continue;
+    }
+    if (body[i] == '(' && body[i + 1] == '?') {
+      const std::string_view rest = body.substr(i + 2);
+      for (const char* la : {"=", "!", "<=", "<!"})
+        if (rest.substr(0, std::strlen(la)) == la) return fmt::format("the look-around '(?{}'", la);
+      if (rest.substr(0, 2) == "P=") return "the named back-reference '(?P='";
+      if (rest.substr(0, 1) == "(") return "the conditional group '(?('";
+    }
+  }
+  return {};
+}
+
 // Compiled regexes, shared by all threads (resolution is called per layer with the same patterns).
-const std::regex& compiled_regex(std::string_view pattern) {
+// RE2 matches in time linear in the name, with bounded memory and no recursion on the pattern.
+// The cache is bounded (a config holds a few patterns; hostile input many): when full it is
+// cleared, which is safe because callers hold shared pointers.
+std::shared_ptr<const re2::RE2> compiled_regex(std::string_view pattern) {
   static std::mutex mu;
-  static std::map<std::string, std::regex, std::less<>> cache;
+  static std::map<std::string, std::shared_ptr<const re2::RE2>, std::less<>> cache;
+  constexpr size_t kMaxCached = 1024;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(pattern);
   if (it != cache.end()) return it->second;
-  const std::string body(pattern.substr(kRegexPrefix.size()));
-  try {
-    return cache.emplace(std::string(pattern), std::regex(body, std::regex::ECMAScript)).first->second;
-  } catch (const std::regex_error& e) {
-    throw Error(fmt::format("invalid regular expression in layer pattern '{}': {} (patterns starting "
-                            "with 're:' are ECMAScript regexes matched at the start of the name)",
-                            pattern, e.what()));
-  }
+  const std::string_view body = pattern.substr(kRegexPrefix.size());
+  constexpr std::string_view kSyntax =
+      "patterns starting with 're:' are regular expressions in Python re syntax without back-references and "
+      "look-around (RE2), matched at the start of the name";
+  if (body.size() > kMaxRegexBytes)
+    throw Error(fmt::format("invalid regular expression in layer pattern '{}...' ({} bytes): longer than {} bytes",
+                            pattern.substr(0, 60), pattern.size(), kMaxRegexBytes));
+  if (const std::string bad = unsupported_python_syntax(body); !bad.empty())
+    throw Error(fmt::format("unsupported regular expression in layer pattern '{}': {} is not supported ({})", pattern,
+                            bad, kSyntax));
+  re2::RE2::Options opt;
+  opt.set_log_errors(false);
+  opt.set_max_mem(kRegexMaxMem);
+  auto re = std::make_shared<const re2::RE2>(re2::StringPiece(body.data(), body.size()), opt);
+  if (!re->ok())
+    throw Error(fmt::format("invalid regular expression in layer pattern '{}': {} ({})", pattern, re->error(),
+                            kSyntax));
+  if (cache.size() >= kMaxCached) cache.clear();
+  return cache.emplace(std::string(pattern), std::move(re)).first->second;
 }
 
 }  // namespace
 
 bool quark_pattern_matches(std::string_view pattern, std::string_view name) {
   if (pattern.substr(0, kRegexPrefix.size()) == kRegexPrefix) {
-    const std::regex& re = compiled_regex(pattern);
+    const std::shared_ptr<const re2::RE2> re = compiled_regex(pattern);
     // Like Python re.match: anchored at the start, not required to consume the whole name.
-    return std::regex_search(name.begin(), name.end(), re, std::regex_constants::match_continuous);
+    return re->Match(re2::StringPiece(name.data(), name.size()), 0, name.size(), re2::RE2::ANCHOR_START, nullptr, 0);
   }
   if (is_glob(pattern)) return glob_matches(pattern, name);
   return pattern == name;

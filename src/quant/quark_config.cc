@@ -9,6 +9,7 @@
 #include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "quant/json_fields.h"
+#include "util/json.h"
 
 namespace qmoe {
 
@@ -21,7 +22,7 @@ using detail::json_type_name;
 QTensorSpec parse_tensor_spec(const Json& v, const std::string& path, std::string_view where) {
   if (!v.is_object())
     throw Error(fmt::format("{}: field '{}' must be a QTensorConfig object, got {} {}", where, path,
-                            json_type_name(v), v.dump()));
+                            json_type_name(v), util::json_brief(v)));
   QTensorSpec s;
   s.dtype = detail::opt_string(v, "dtype", path, where).value_or("");
   if (s.dtype.empty())
@@ -95,7 +96,7 @@ std::vector<std::string> parse_string_list(const Json& obj, std::string_view key
     const Json& e = (*it)[i];
     if (!e.is_string())
       throw Error(fmt::format("{}: field '{}[{}]' must be a string, got {} {}", where, fpath, i,
-                              json_type_name(e), e.dump()));
+                              json_type_name(e), util::json_brief(e)));
     out.push_back(e.get<std::string>());
   }
   return out;

@@ -1,14 +1,17 @@
 // quantize_checkpoint: an unquantized HF MoE checkpoint → the same model with its expert linears
 // quantized as Quark exports them (checkpoint-format.md §1–§6). Streams shard by shard.
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string_view>
 
 #include "qmoe/config.h"
@@ -19,6 +22,8 @@
 #include "quantizer/names.h"
 #include "quantizer/parallel.h"
 #include "quantizer/progress.h"
+#include "util/files.h"
+#include "util/json.h"
 
 namespace qmoe {
 
@@ -30,23 +35,10 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 
 std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read {}", p.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return util::read_regular_file(p.string(), "model config", util::kMaxJsonFileBytes);
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("cannot write {}", tmp.string()));
-    out << text;
-    if (!out) throw Error(fmt::format("write error on {}", tmp.string()));
-  }
-  fs::rename(tmp, p);
-}
+void write_text(const fs::path& p, const std::string& text) { util::write_file_atomic(p.string(), text); }
 
 uint64_t info_bytes(const TensorInfo& t) {
   return static_cast<uint64_t>((shape_numel(t.shape) * dtype_bits(t.dtype) + 7) / 8);
@@ -100,12 +92,59 @@ bool is_model_shard_name(std::string_view n) {
   return of != std::string_view::npos && all_digits(mid.substr(0, of)) && all_digits(mid.substr(of + 4));
 }
 
-void remove_stale_outputs(const fs::path& dst) {
+// An existing output directory may hold only what quantize writes (shards, index, config.json and
+// the files copied from the source): it is replaced as a whole, so anything else would be lost.
+void check_replaceable_output(const fs::path& dst, const fs::path& src) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dst, ec);
+  if (ec || st.type() == fs::file_type::not_found) return;
+  if (st.type() != fs::file_type::directory)
+    throw Error(fmt::format("quantize: -o {} exists and is not a directory; expected a new or a previous output "
+                            "directory",
+                            dst.string()));
+  std::set<std::string> ours{"config.json", kIndexName};
+  for (const auto& e : fs::directory_iterator(src, ec))
+    if (e.is_regular_file()) ours.insert(e.path().filename().string());
   for (const auto& e : fs::directory_iterator(dst)) {
     const std::string n = e.path().filename().string();
-    if (e.is_regular_file() && (is_model_shard_name(n) || n == kIndexName)) fs::remove(e.path());
+    const bool known = ours.count(n) || is_model_shard_name(n);
+    if (!known || e.is_directory())
+      throw Error(fmt::format("quantize: -o {} already holds '{}', which quantize does not write; the output "
+                              "directory is replaced as a whole, so choose a new or empty directory (or remove it)",
+                              dst.string(), n));
   }
 }
+
+// Put the complete checkpoint `tmp` in place of `dst`: an atomic exchange when dst exists (the old
+// one is then removed), a rename when it does not.
+void swap_in(const fs::path& tmp, const fs::path& dst) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(dst, ec))) {
+    if (::rename(tmp.c_str(), dst.c_str()) == 0) return;
+    throw Error(fmt::format("quantize: cannot move the new checkpoint {} to {}: {}", tmp.string(), dst.string(),
+                            std::strerror(errno)));
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE) != 0) {
+    // File systems without RENAME_EXCHANGE: move the old one aside first.
+    const fs::path old = util::make_sibling_temp_dir(dst.string(), "qmoe-old");
+    fs::remove(old);
+    if (::rename(dst.c_str(), old.c_str()) != 0 || ::rename(tmp.c_str(), dst.c_str()) != 0)
+      throw Error(fmt::format("quantize: cannot replace {} with the new checkpoint {}: {}", dst.string(),
+                              tmp.string(), std::strerror(errno)));
+    fs::remove_all(old, ec);
+    return;
+  }
+  fs::remove_all(tmp, ec);  // now the old checkpoint
+}
+
+// Removes the temporary build directory unless the checkpoint was swapped in.
+struct TempDirGuard {
+  fs::path path;
+  ~TempDirGuard() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
 
 }  // namespace
 
@@ -136,15 +175,13 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
                             scheme.name, to_string(scheme.act)));
 
   // ---- source config + tensors --------------------------------------------------------------
+  if (dst_dir.empty()) throw Error("quantize: the output directory name is empty");
   const fs::path src(src_dir), dst(dst_dir);
+  check_replaceable_output(dst, src);
+  const ModelConfig cfg = ModelConfig::load(src_dir);  // validates config.json first (nesting, fields)
   const std::string cfg_text = read_text(src / "config.json");
-  nlohmann::json cfg_json;
-  try {
-    cfg_json = nlohmann::json::parse(cfg_text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", (src / "config.json").string(), e.what()));
-  }
-  const ModelConfig cfg = ModelConfig::load(src_dir);
+  const nlohmann::json cfg_json =
+      util::parse_json_limited<nlohmann::json>(cfg_text, (src / "config.json").string());
   if (cfg.quant)
     throw Error(fmt::format("quantize: {} already has a quantization_config; qmoe quantize needs an unquantized "
                             "(BF16 / F16 / F32) checkpoint",
@@ -239,7 +276,7 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
 
   // ---- calibration (static activation scales) -----------------------------------------------
   if (quantize && act_is_static(scheme.act) && !jobs.empty()) {
-    const auto calib = SafetensorsFile::open(opt.calib_path);
+    const auto calib = SafetensorsFile::read(opt.calib_path);
     Progress prog("qmoe quantize: calibrating", calib_layers.size(), opt.progress);
     for (const auto& [layer, shared_q] : calib_layers) {
       int tokens = 0;
@@ -301,8 +338,10 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
   const size_t nshards = shards.size();
 
   // ---- write ---------------------------------------------------------------------------------
-  fs::create_directories(dst);
-  remove_stale_outputs(dst);
+  // Into a fresh sibling directory, swapped in only once complete: a failure leaves dst as it was.
+  if (dst.has_parent_path()) fs::create_directories(dst.parent_path());
+  const fs::path out_dir = util::make_sibling_temp_dir(dst.string(), "qmoe-quantize");
+  TempDirGuard guard{out_dir};
   std::map<std::string, std::string> weight_map;
   uint64_t src_total = 0;
   for (const auto& n : names) src_total += ckpt.info(n)->end - ckpt.info(n)->begin;
@@ -346,17 +385,17 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
       }
     }
     results.clear();
-    write_safetensors((dst / fname).string(), tensors);
+    write_safetensors((out_dir / fname).string(), tensors);
     report.files.push_back(fname);
   }
   prog.finish();
   report.shards = static_cast<int>(nshards);
   report.total_bytes = total_bytes;
   if (nshards > 1) {
-    write_safetensors_index((dst / kIndexName).string(), weight_map, total_bytes, total_params);
+    write_safetensors_index((out_dir / kIndexName).string(), weight_map, total_bytes, total_params);
     report.files.emplace_back(kIndexName);
   }
-  write_text(dst / "config.json", out_json.dump(2) + "\n");
+  write_text(out_dir / "config.json", out_json.dump(2) + "\n");
   report.files.emplace_back("config.json");
 
   // Other files of the source (generation_config.json, tokenizer files, ...).
@@ -364,9 +403,16 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
     if (n == "config.json" || n == kIndexName || e.path().extension() == ".safetensors") continue;
-    fs::copy_file(e.path(), dst / n, fs::copy_options::overwrite_existing);
+    fs::copy_file(e.path(), out_dir / n, fs::copy_options::overwrite_existing);
     report.files.push_back(n);
   }
+  // mkdtemp made the directory 0700; give it the usual permissions before it becomes dst.
+  fs::permissions(out_dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                               fs::perms::others_read | fs::perms::others_exec);
+  util::sync_parent_dir((out_dir / "config.json").string());
+  swap_in(out_dir, dst);
+  guard.path.clear();
+  util::sync_parent_dir(dst.string());
   return report;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -225,7 +226,10 @@ std::vector<NamedTensor> quantize_linear(std::string_view prefix, const float* w
       if (opt.weight_amax && !(*opt.weight_amax >= tensor_max && std::isfinite(*opt.weight_amax)))
         throw Error(fmt::format("linear '{}': shared weight amax {} is below the weight's own amax {}", prefix,
                                 *opt.weight_amax, tensor_max));
-      const float ws2 = nvfp4_global_scale(opt.weight_amax ? *opt.weight_amax : tensor_max);
+      float ws2 = nvfp4_global_scale(opt.weight_amax ? *opt.weight_amax : tensor_max);
+      // An all-zero weight would get weight_scale_2 = 0, which loaders reject as a broken scale;
+      // floored like the FP8 / INT8 scales (docs/DECISIONS.md). Its blocks still encode zeros.
+      if (!(ws2 > 0.0f)) ws2 = FLT_EPSILON;
       const int64_t nblk = in / kNvfp4Block;
       Tensor qt = Tensor::zeros(DType::U8, {out, in / 2});
       Tensor st = Tensor::zeros(DType::F8_E4M3, {out, nblk});

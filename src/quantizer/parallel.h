@@ -7,15 +7,17 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <system_error>
 #include <vector>
 
 namespace qmoe::quantizer_detail {
 
 // Number of worker threads for a request (≤ 0: hardware concurrency), at least 1.
+// More than the hardware threads are never started (a huge request is bounded, not an abort).
 inline int resolve_threads(int requested) {
-  if (requested > 0) return requested;
   const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
+  const int hw = hc == 0 ? 1 : static_cast<int>(hc);
+  return requested > 0 ? std::min(requested, hw) : hw;
 }
 
 // Calls fn(i) for i in [0, n) on up to `threads` threads (dynamic scheduling). The first
@@ -23,7 +25,7 @@ inline int resolve_threads(int requested) {
 template <class Fn>
 void parallel_for(int64_t n, int threads, Fn&& fn) {
   if (n <= 0) return;
-  const int nt = static_cast<int>(std::min<int64_t>(std::max(1, threads), n));
+  const int nt = static_cast<int>(std::min<int64_t>(resolve_threads(std::max(1, threads)), n));
   if (nt == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
@@ -48,7 +50,11 @@ void parallel_for(int64_t n, int threads, Fn&& fn) {
   };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(nt - 1));
-  for (int t = 1; t < nt; ++t) pool.emplace_back(worker);
+  try {
+    for (int t = 1; t < nt; ++t) pool.emplace_back(worker);
+  } catch (const std::system_error&) {
+    // The system refused another thread: the ones started (and this one) do the work.
+  }
   worker();
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);

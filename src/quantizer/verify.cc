@@ -10,6 +10,8 @@
 
 #include "qmoe/error.h"
 #include "qmoe/quantizer.h"
+#include "util/files.h"
+#include "util/json.h"
 
 namespace qmoe {
 
@@ -18,13 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read {}", p.string()));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
-  }
+  return util::parse_json_limited<nlohmann::json>(
+      util::read_regular_file(p.string(), "case description", util::kMaxJsonFileBytes), p.string());
 }
 
 std::string lower(std::string s) {

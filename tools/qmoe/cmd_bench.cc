@@ -20,12 +20,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "cpu/experts_optimized.h"
 #include "cpu/isa.h"
 #include "cpu/membw.h"
 #include "cpu/random_params.h"
 #include "cpu/thread_pool.h"
+#include "util/files.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
 #include "qmoe/moe.h"
@@ -216,9 +218,7 @@ void write_svg(const std::string& path, const std::vector<Point>& pts, double bw
     ly += 18;
   }
   s += "</svg>\n";
-  std::ofstream f(path);
-  if (!f) throw Error(fmt::format("--plot: cannot write '{}'", path));
-  f << s;
+  util::write_file_atomic(path, s);
 }
 
 void run_bench(const Options& o) {
@@ -244,7 +244,7 @@ void run_bench(const Options& o) {
   for (const auto& n : split(o.schemes)) schemes.push_back(&scheme_by_name(n));
   if (shapes.empty() || schemes.empty() || tokens.empty()) throw Error("need at least one --shape, --scheme and --tokens value");
 
-  const int threads = cpu::ThreadPool::resolve_threads(o.threads);
+  const int threads = cpu::ThreadPool::resolve_threads(bounded_threads(o.threads));
   const cpu::Isa isa = cpu::default_isa();
   // Sizes from the machine: weight copies rotate over ≥ 4 × LLC bytes (every layer of a shape is
   // far beyond the cache, or enough copies of a small one are), the caches are flushed with

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qmoe/error.h"
 #include "qmoe/quantizer.h"
@@ -116,7 +117,9 @@ void register_demo(CLI::App& app) {
     opt.shape = args->shape;
     opt.tokens = args->tokens;
     opt.out_dir = args->out;
-    opt.threads = args->threads;
+    opt.threads = bounded_threads(args->threads);
+    if (args->tokens < 1) throw Error(fmt::format("--tokens must be at least 1, got {}", args->tokens));
+    if (args->repeats < 1) throw Error(fmt::format("--repeats must be at least 1, got {}", args->repeats));
     opt.repeats = args->repeats;
     opt.seed = args->seed;
     opt.cpu = args->device != "cuda";

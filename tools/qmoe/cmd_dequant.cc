@@ -9,11 +9,13 @@
 #include <memory>
 #include <string>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "qmoe/params.h"
 #include "qmoe/safetensors.h"
+#include "util/files.h"
 
 namespace qmoe::cli {
 
@@ -33,6 +35,12 @@ struct DequantOptions {
 void run_dequant(const DequantOptions& o) {
   if ((o.expert >= 0) == o.shared)
     throw Error("dequant: give exactly one of --expert E (a global routed expert id) or --shared");
+  check_layer_index(o.layer);
+  if (o.tp_size < 1) throw Error(fmt::format("--tp-size must be at least 1, got {}", o.tp_size));
+  if (o.tp_rank < 0 || o.tp_rank >= o.tp_size)
+    throw Error(fmt::format("--tp-rank {} is outside [0, {}): tp_rank must be < tp_size (--tp-size {})", o.tp_rank,
+                            o.tp_size, o.tp_size));
+  util::check_output_file(o.out, "-o/--output");
   const ModelConfig cfg = ModelConfig::load(o.dir);
   const Checkpoint ckpt = Checkpoint::open(o.dir);
   LoadOptions opt;

@@ -2,11 +2,15 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
+#include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "qmoe/quantizer.h"
 #include "qmoe/schemes.h"
@@ -19,8 +23,10 @@ namespace {
 uint64_t parse_size(const std::string& s) {
   size_t pos = 0;
   while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) || s[pos] == '.')) ++pos;
-  if (pos == 0) throw Error(fmt::format("--shard-size '{}': expected a size like 5GB, 500MB, 2GiB or a byte count", s));
-  const double v = std::stod(s.substr(0, pos));
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + pos, v);
+  if (pos == 0 || ec != std::errc() || end != s.data() + pos || !std::isfinite(v))
+    throw Error(fmt::format("--shard-size '{}': expected a size like 5GB, 500MB, 2GiB or a byte count", s));
   std::string unit = s.substr(pos);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mult = 1;
@@ -33,6 +39,7 @@ uint64_t parse_size(const std::string& s) {
   else if (unit == "GIB") mult = 1024.0 * 1024 * 1024;
   else throw Error(fmt::format("--shard-size '{}': unknown unit '{}' (B, KB, MB, GB, KiB, MiB, GiB)", s, unit));
   if (!(v * mult >= 1)) throw Error(fmt::format("--shard-size '{}' must be at least one byte", s));
+  if (!(v * mult < 1.8e19)) throw Error(fmt::format("--shard-size '{}' is larger than 2^64 bytes", s));
   return static_cast<uint64_t>(v * mult);
 }
 
@@ -60,11 +67,14 @@ void register_quantize(CLI::App& app) {
   sub->add_option("--shard-size", args->shard_size, "maximum shard size (default 5GB, like transformers)");
   sub->callback([args] {
     const SchemeInfo& scheme = scheme_by_name(args->scheme);
+    for (size_t i = 0; i < args->exclude.size(); ++i)  // a bad pattern fails before any work
+      (void)quark_pattern_matches(args->exclude[i], "");
     QuantizeOptions opt;
     opt.exclude = args->exclude;
     opt.calib_path = args->calib;
-    opt.threads = args->threads;
+    opt.threads = bounded_threads(args->threads);
     opt.shard_size = parse_size(args->shard_size);
+    if (args->dst.empty()) throw Error("-o/--output: the output directory is empty; expected a directory name");
     const QuantizeReport r = quantize_checkpoint(args->src, args->dst, scheme, opt);
     fmt::print("quantized {} expert linears with {} into {} ({} shard{}, {:.2f} MB of tensors; {} other tensors "
                "copied)\n",

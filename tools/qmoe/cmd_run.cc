@@ -8,14 +8,18 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
+#include "qmoe/moe_input.h"
 #include "qmoe/safetensors.h"
+#include "util/files.h"
 #ifdef QMOE_HAVE_CUDA
 #include "qmoe/cuda.h"
 #endif
@@ -26,7 +30,7 @@ namespace {
 
 struct RunOptions {
   std::string dir;
-  int layer = -1;  // −1: the first MoE layer
+  std::optional<int> layer;  // absent: the first MoE layer
   std::string input, output;
   std::string device = "cpu";
   std::string kernel = "optimized";
@@ -40,24 +44,8 @@ void check_rank(const char* what, int rank, int size) {
     throw Error(fmt::format("--{}-rank {} is outside [0, {}) (--{}-size {})", what, rank, size, what, size));
 }
 
-// The input hidden states as fp32 [T, H].
-std::vector<float> read_hidden(const SafetensorsFile& in, int64_t& T, int64_t& H) {
-  const TensorInfo* info = in.find("hidden_states");
-  if (info == nullptr) throw Error(fmt::format("input {}: tensor 'hidden_states' not found", in.path()));
-  if (info->dtype != DType::BF16 && info->dtype != DType::F32)
-    throw Error(fmt::format("input {}: 'hidden_states' has dtype {}; expected BF16 or F32", in.path(),
-                            dtype_name(info->dtype)));
-  if (info->shape.size() != 2)
-    throw Error(
-        fmt::format("input {}: 'hidden_states' has shape {}; expected [T, H]", in.path(), shape_str(info->shape)));
-  T = info->shape[0];
-  H = info->shape[1];
-  if (T < 1)
-    throw Error(fmt::format("input {}: 'hidden_states' has no tokens (shape {})", in.path(), shape_str(info->shape)));
-  return to_f32(in.get("hidden_states"), "hidden_states");
-}
-
 void run_command(const RunOptions& o) {
+  // Every option is checked before any file is read.
   check_rank("tp", o.tp_rank, o.tp_size);
   check_rank("ep", o.ep_rank, o.ep_size);
   if (o.device == "cuda") {
@@ -67,14 +55,19 @@ void run_command(const RunOptions& o) {
     throw Error("--device cuda: this qmoe was built without CUDA (configure with -DQMOE_CUDA=ON); use --device cpu");
 #endif
   }
-  if (o.threads < 0) throw Error(fmt::format("--threads must be ≥ 0 (0 = all cores), got {}", o.threads));
+  const int threads = bounded_threads(o.threads);
+  if (o.layer) check_layer_index(*o.layer);
+  util::check_output_file(o.output, "-o/--output");
 
-  const auto in = SafetensorsFile::open(o.input);
-  int64_t T = 0, H = 0;
-  const std::vector<float> hidden = read_hidden(*in, T, H);
+  // The input: read (not mapped), every value checked finite.
+  const MoEInput input = read_moe_input(*SafetensorsFile::read(o.input));
+  const int64_t T = input.tokens, H = input.hidden;
+  const std::vector<float>& hidden = input.hidden_states;
 
-  int layer_index = o.layer;
-  if (layer_index < 0) {
+  int layer_index = 0;
+  if (o.layer) {
+    layer_index = *o.layer;
+  } else {
     const ModelConfig cfg = ModelConfig::load(o.dir);
     layer_index = cfg.moe_layers.empty() ? 0 : cfg.moe_layers.front();
   }
@@ -84,7 +77,7 @@ void run_command(const RunOptions& o) {
   opt.load.ep_rank = o.ep_rank;
   opt.load.ep_size = o.ep_size;
   opt.kernel = o.kernel == "reference" ? Kernel::Reference : Kernel::Optimized;
-  opt.threads = o.threads;
+  opt.threads = threads;
 #ifdef QMOE_HAVE_CUDA
   if (o.device == "cuda") opt.runner = [](const ExpertsArgs& a) { cuda::experts_cuda(a); };
 #endif
@@ -95,12 +88,12 @@ void run_command(const RunOptions& o) {
 
   MoEWorkspace ws;
   const int E = layer.config().num_experts;
-  if (const TensorInfo* li = in->find("router_logits")) {
-    if (li->dtype != DType::F32 || li->shape != Shape{T, E})
-      throw Error(fmt::format("input {}: 'router_logits' is {} {}; expected F32 [{}, {}]", o.input,
-                              dtype_name(li->dtype), shape_str(li->shape), T, E));
-    const std::vector<float> logits = to_f32(in->get("router_logits"), "router_logits");
-    layer.plan(logits.data(), static_cast<int>(T), ws);
+  if (input.router_logits) {
+    if (input.logit_cols != E)
+      throw Error(fmt::format("input {}: 'router_logits' is F32 [{}, {}]; expected F32 [{}, {}] (layer {} of {} has {} "
+                              "experts)",
+                              o.input, T, input.logit_cols, T, E, layer_index, o.dir, E));
+    layer.plan(input.router_logits->data(), static_cast<int>(T), ws);
   } else {
     if (!layer.has_router())
       throw Error(fmt::format("input {} has no 'router_logits' and layer {} of {} has no router weight ({})", o.input,
@@ -108,7 +101,7 @@ void run_command(const RunOptions& o) {
     layer.plan_from_hidden(hidden.data(), static_cast<int>(T), ws);
   }
 
-  std::vector<float> out(static_cast<size_t>(T * H));
+  std::vector<float> out(static_cast<size_t>(T) * static_cast<size_t>(H));
   layer.run(hidden.data(), ws, out.data());
 
   const int64_t K = ws.K;

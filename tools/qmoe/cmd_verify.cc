@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qmoe/error.h"
 #include "qmoe/quantizer.h"
@@ -28,7 +29,7 @@ void register_verify(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
   sub->callback([args] {
     VerifyOptions opt;
-    opt.threads = args->threads;
+    opt.threads = bounded_threads(args->threads);
     opt.device = args->device;
     if (args->kernel == "reference") opt.kernels = {Kernel::Reference};
     if (args->kernel == "optimized") opt.kernels = {Kernel::Optimized};

@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <system_error>
 
 #include "commands.h"
 #include "qmoe/error.h"
@@ -40,6 +42,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const qmoe::Error& e) {
     std::fprintf(stderr, "qmoe: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "qmoe: error: out of memory (an allocation failed; the input or model is larger than this "
+                         "machine can hold)\n");
+    return 1;
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "qmoe: error: the system refused a resource: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qmoe: error: %s\n", e.what());

@@ -47,6 +47,7 @@ void experts_reference(const ExpertsArgs& a) {
   validate_args(a);
   const ExpertParams& p = *a.params;
   ref::validate_expert_params(p, "experts_reference");
+  check_experts_inputs(a, "experts_reference");
   if (a.T == 0) return;
   const int T = a.T, K = a.K, H = p.hidden, I = p.inter, R13 = 2 * p.inter;
   const int64_t slots = static_cast<int64_t>(T) * K;
