@@ -11,7 +11,7 @@
 #   BENCH_ARGS   extra arguments for bench_cuda (e.g. "--shapes qwen3-30b-a3b --tokens 1,16")
 #   SKIP_TESTS=1 / SKIP_BENCH=1 to skip a step
 #   GPU_CHECK_OUT  where logs and the CSV go (default: $CUDA_BUILD/gpu-check)
-#   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest (usr/include, usr/lib/...),
+#   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest / RE2 (usr/include, usr/lib/...),
 #                for machines without those packages and without network (default: build-deps/usr
 #                when it exists). Make one on a Debian/Ubuntu box with scripts/gpu_deps.sh.
 set -euo pipefail
@@ -31,12 +31,16 @@ nvcc --version | tail -1
 # ---- dependencies ---------------------------------------------------------------------------------
 CMAKE_EXTRA=()
 DEPS=${QMOE_DEPS:-$ROOT/build-deps/usr}
-have_sys_deps() { [ -f /usr/include/fmt/core.h ] && [ -f /usr/include/nlohmann/json.hpp ] && [ -f /usr/include/CLI/CLI.hpp ] && [ -f /usr/include/gtest/gtest.h ]; }
+have_sys_deps() { [ -f /usr/include/fmt/core.h ] && [ -f /usr/include/nlohmann/json.hpp ] && [ -f /usr/include/CLI/CLI.hpp ] && [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/re2/re2.h ]; }
 if ! have_sys_deps; then
   if [ -d "$DEPS/include" ]; then
     echo "using build dependencies from $DEPS"
     CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=$DEPS")
     export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    # RE2 ships only a pkg-config file: the carried pkg-config, its .pc files, paths under the prefix.
+    export PATH="$DEPS/bin:$PATH"
+    export PKG_CONFIG_LIBDIR="$DEPS/lib/x86_64-linux-gnu/pkgconfig:$DEPS/share/pkgconfig"
+    export PKG_CONFIG_SYSROOT_DIR="$(dirname "$DEPS")"
   else
     echo "fmt / nlohmann_json / CLI11 / GTest missing: trying scripts/setup.sh (needs network)"
     bash "$ROOT/scripts/setup.sh"
