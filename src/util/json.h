@@ -18,10 +18,18 @@ namespace qmoe::util {
 // Deepest nesting of arrays / objects accepted anywhere (config.json nests ~6 levels).
 constexpr int kMaxJsonDepth = 128;
 
-// Byte offset of the first '[' or '{' nested deeper than `limit` (outside strings), or npos.
-// Linear, no recursion: run before the parser so that hostile input never builds a deep tree.
-inline size_t json_depth_violation(std::string_view s, int limit) {
-  int depth = 0;
+// One linear pass over the JSON text's structure (strings skipped, no recursion), run before the
+// parser so that hostile input never builds a deep tree or a huge key-ordered object: the byte
+// offset of the first '[' / '{' nested deeper than `max_depth`, and of the first ',' that gives
+// an object more than `max_members` members (0: unchecked; for nlohmann::ordered_json, whose
+// insertion is linear in the object's size); npos where there is none.
+struct JsonShapeViolations {
+  size_t too_deep = std::string_view::npos;
+  size_t too_many_members = std::string_view::npos;
+};
+inline JsonShapeViolations json_shape_violations(std::string_view s, int max_depth, size_t max_members) {
+  JsonShapeViolations v;
+  std::vector<size_t> commas;  // per open level: commas seen (objects), or npos for arrays
   bool in_string = false, escaped = false;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
@@ -37,45 +45,16 @@ inline size_t json_depth_violation(std::string_view s, int limit) {
     if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
-      if (++depth > limit) return i;
+      if (static_cast<int>(commas.size()) >= max_depth && v.too_deep == std::string_view::npos) v.too_deep = i;
+      if (v.too_deep != std::string_view::npos && max_members == 0) break;  // nothing more to learn
+      commas.push_back(c == '{' ? 0 : std::string_view::npos);
     } else if (c == '}' || c == ']') {
-      --depth;
+      if (!commas.empty()) commas.pop_back();
+    } else if (c == ',' && max_members > 0 && !commas.empty() && commas.back() != std::string_view::npos) {
+      if (++commas.back() >= max_members && v.too_many_members == std::string_view::npos) v.too_many_members = i;
     }
   }
-  return std::string_view::npos;
-}
-
-// Byte offset where an object gets its (limit+1)-th member (outside strings), or npos. For the
-// key-ordered parser (nlohmann::ordered_json), whose insertion is linear in the object's size.
-inline size_t json_members_violation(std::string_view s, size_t limit) {
-  struct Level {
-    bool object;
-    size_t commas;
-  };
-  std::vector<Level> stack;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      stack.push_back({c == '{', 0});
-    } else if (c == '}' || c == ']') {
-      if (!stack.empty()) stack.pop_back();
-    } else if (c == ',' && !stack.empty() && stack.back().object) {
-      if (++stack.back().commas >= limit) return i;
-    }
-  }
-  return std::string_view::npos;
+  return v;
 }
 
 // nlohmann's message without its "[json.exception.parse_error.101] " tag, clipped to 200 bytes.
@@ -93,17 +72,17 @@ inline std::string json_error_text(const nlohmann::json::exception& e) {
 // failure is a qmoe::Error "WHERE: invalid JSON ...".
 template <class JsonT>
 JsonT parse_json_limited(std::string_view text, std::string_view where, size_t max_object_members = 0) {
-  if (max_object_members > 0)
-    if (const size_t at = json_members_violation(text, max_object_members); at != std::string_view::npos)
-      throw Error(fmt::format("{}: invalid JSON (byte {}): an object with more than {} members (implausible for "
-                              "this file)",
-                              where, at, max_object_members));
+  const JsonShapeViolations shape = json_shape_violations(text, kMaxJsonDepth, max_object_members);
+  if (shape.too_many_members != std::string_view::npos)
+    throw Error(fmt::format("{}: invalid JSON (byte {}): an object with more than {} members (implausible for "
+                            "this file)",
+                            where, shape.too_many_members, max_object_members));
   // nlohmann stops at a NUL byte as if the input ended there: the rest would be ignored silently.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
     throw Error(fmt::format("{}: invalid JSON (byte {}): a NUL byte; expected UTF-8 JSON text", where, nul));
-  if (const size_t at = json_depth_violation(text, kMaxJsonDepth); at != std::string_view::npos)
-    throw Error(fmt::format("{}: invalid JSON (byte {}): arrays / objects nested deeper than {} levels", where, at,
-                            kMaxJsonDepth));
+  if (shape.too_deep != std::string_view::npos)
+    throw Error(fmt::format("{}: invalid JSON (byte {}): arrays / objects nested deeper than {} levels", where,
+                            shape.too_deep, kMaxJsonDepth));
   try {
     return JsonT::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
