@@ -64,6 +64,20 @@ __device__ __forceinline__ void ldsm_b(uint32_t (&r)[4], const void* p) {
     r[2] = r[3] = 0;
   }
 }
+// This lane's N fragment words of a staged block laid out [q][lane 32][4 words] (16 bytes per
+// lane per q: conflict-free 16-byte shared loads).
+template <int N>
+__device__ __forceinline__ void load_frag_words(uint32_t (&w)[N], const uint8_t* block, int lane) {
+  static_assert(N % 4 == 0, "whole 16-byte chunks");
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const uint4 v = *reinterpret_cast<const uint4*>(block + (q * 32 + lane) * 16);
+    w[4 * q] = v.x;
+    w[4 * q + 1] = v.y;
+    w[4 * q + 2] = v.z;
+    w[4 * q + 3] = v.w;
+  }
+}
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -271,25 +285,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
     const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
     const uint8_t* at = st + C::kWStage + C::kSStage;
-    const uint8_t* wt = st;  // BF16 / INT8: ldmatrix straight from the staged tile
-    const int wstride = WT::kStride;
-    const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
     const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
     if constexpr (WF == WFmt::FP8) {
-      (void)wt;
-      (void)wstride;
-      (void)arow_l;
-      // This warp's 32 fragment words (2 m-fragments × 8 k16 steps × 2), 8 × 16 B per lane; word
-      // 2·(mt·8 + kk) + p holds registers a(2p), a(2p+1) as e4m3 pairs (cuda_common.h).
+      // This warp's 32 fragment words (2 m-fragments × 8 k16 steps × 2); word 2·(mt·8 + kk) + p
+      // holds registers a(2p), a(2p+1) as e4m3 pairs (cuda_common.h).
       uint32_t wv[32];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const uint4 v = *reinterpret_cast<const uint4*>(st + warp * 4096 + (q * 32 + lane) * 16);
-        wv[4 * q] = v.x;
-        wv[4 * q + 1] = v.y;
-        wv[4 * q + 2] = v.z;
-        wv[4 * q + 3] = v.w;
-      }
+      load_frag_words(wv, st + warp * 4096, lane);
 #pragma unroll
       for (int kk = 0; kk < C::kBK / 16; ++kk) {
         uint32_t af[2][4];
@@ -313,31 +314,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         }
       }
     } else if constexpr (WT::kRegDecode) {
-      (void)wt;
-      (void)wstride;
-      (void)arow_l;
-      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps), 4 × 16 B per lane; FP6: and
-      // its 8 plane-2 words (one per k16 step), 2 × 16 B per lane after the 8 KB plane-4 block.
+      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps); FP6: and its 8 plane-2 words
+      // (one per k16 step) after the 8 KB plane-4 block.
       constexpr bool kFp6 = C::kFp6;
-      uint32_t wv[16], w2[kFp6 ? 8 : 1];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint4 v = *reinterpret_cast<const uint4*>(st + warp * 2048 + (q * 32 + lane) * 16);
-        wv[4 * q] = v.x;
-        wv[4 * q + 1] = v.y;
-        wv[4 * q + 2] = v.z;
-        wv[4 * q + 3] = v.w;
-      }
-      if constexpr (kFp6) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const uint4 v = *reinterpret_cast<const uint4*>(st + 8192 + warp * 1024 + (q * 32 + lane) * 16);
-          w2[4 * q] = v.x;
-          w2[4 * q + 1] = v.y;
-          w2[4 * q + 2] = v.z;
-          w2[4 * q + 3] = v.w;
-        }
-      }
+      uint32_t wv[16], w2[kFp6 ? 8 : 4];
+      load_frag_words(wv, st + warp * 2048, lane);
+      if constexpr (kFp6) load_frag_words(w2, st + 8192 + warp * 1024, lane);
       // Block-scale words of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8), in
       // the kernel form of frag_layout.h.
       const uint8_t* sc = st + C::kWStage;
@@ -388,13 +370,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
           }
         }
       }
-    } else if constexpr (C::kInt8) {
+    } else if constexpr (C::kInt8) {  // ldmatrix straight from the staged tile
+      const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
 #pragma unroll
       for (int kk = 0; kk < C::kBK / 32; ++kk) {
         uint32_t af[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-          ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + kk * 32 + (lane >> 4) * 16);
+          ldsm_x4(af[mt], st + (warp * 32 + mt * 16 + arow_l) * WT::kStride + kk * 32 + (lane >> 4) * 16);
 #pragma unroll
         for (int np = 0; np < NP; ++np) {
           uint32_t bf[4];
@@ -406,13 +389,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
           }
         }
       }
-    } else {
+    } else {  // BF16: ldmatrix straight from the staged tile
+      const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < C::kBK / 16; ++kk) {
         uint32_t af[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-          ldsm_x4(af[mt], wt + (warp * 32 + mt * 16 + arow_l) * wstride + (kk * 16 + (lane >> 4) * 8) * 2);
+          ldsm_x4(af[mt], st + (warp * 32 + mt * 16 + arow_l) * WT::kStride + (kk * 16 + (lane >> 4) * 8) * 2);
 #pragma unroll
         for (int np = 0; np < NP; ++np) {
           uint32_t bf[4];
