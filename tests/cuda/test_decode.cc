@@ -20,47 +20,8 @@ namespace {
 
 float bf16_lo(uint32_t w) { return bf16_decode(static_cast<uint16_t>(w & 0xFFFF)); }
 float bf16_hi(uint32_t w) { return bf16_decode(static_cast<uint16_t>(w >> 16)); }
-float elem(const std::vector<uint32_t>& out, size_t unit, int i) {
-  const uint32_t w = out[unit * 16 + static_cast<size_t>(i / 2)];
-  return (i & 1) ? bf16_hi(w) : bf16_lo(w);
-}
 // Equal by value (the sign of zero carries no meaning, spec §16.9); NaN equals NaN.
 bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
-
-TEST(CudaDecode, ScalarsMatchFormats) {
-  SKIP_WITHOUT_GPU();
-  const auto e8 = e8m0_all();
-  const auto f8 = fp8_all();
-  for (int c = 0; c < 256; ++c) {
-    EXPECT_TRUE(same(e8[c], e8m0_decode(static_cast<uint8_t>(c)))) << "e8m0 byte " << c;
-    EXPECT_TRUE(same(f8[c], fp8_e4m3_decode(static_cast<uint8_t>(c)))) << "fp8 code " << c;
-  }
-}
-
-TEST(CudaDecode, Fp4AllBytesTimesScales) {
-  SKIP_WITHOUT_GPU();
-  // Units: 16 bytes each = 32 codes. All 256 bytes appear, with E8M0 scales incl. the extremes
-  // that stay finite in fp32 (x·2^(s−127) for s ≤ 252 and 6·2^125 < FLT_MAX), and FP8 scales.
-  std::vector<uint8_t> bytes;
-  std::vector<float> muls;
-  std::vector<float> scale_values;
-  for (int s : {1, 60, 100, 118, 127, 128, 140, 200, 252}) scale_values.push_back(e8m0_decode(static_cast<uint8_t>(s)));
-  for (int c = 0x01; c < 0x7F; c += 3) scale_values.push_back(fp8_e4m3_decode(static_cast<uint8_t>(c)));
-  for (float sv : scale_values)
-    for (int b0 = 0; b0 < 256; b0 += 16) {
-      for (int j = 0; j < 16; ++j) bytes.push_back(static_cast<uint8_t>(b0 + j));
-      muls.push_back(sv);
-      muls.push_back(sv * 2.0f);  // second half with another scale
-    }
-  std::vector<uint32_t> words(bytes.size() / 4);
-  std::memcpy(words.data(), bytes.data(), bytes.size());
-  const auto out = decode_fp4_units(words, muls);
-  for (size_t u = 0; u < bytes.size() / 16; ++u)
-    for (int i = 0; i < 32; ++i) {
-      const float want = fp4_e2m1_decode(fp4_code_at(bytes.data() + u * 16, i)) * muls[2 * u + (i >= 16)];
-      ASSERT_TRUE(same(elem(out, u, i), want)) << "unit " << u << " element " << i << " scale " << muls[2 * u];
-    }
-}
 
 // The GEMM's register decode on the device (bf16x2 multiplies with subnormal inputs included):
 // every code in every position, times every MXFP4 kernel scale byte of shifts 0 and 5 and every
@@ -109,51 +70,20 @@ TEST(CudaDecode, Fp4FragmentsTimesKernelScales) {
   }
 }
 
-class CudaDecodeFp6 : public ::testing::TestWithParam<bool> {};
-TEST_P(CudaDecodeFp6, AllCodesPackedAndScaled) {
-  SKIP_WITHOUT_GPU();
-  const bool e3m2 = GetParam();
-  std::mt19937 rng(7);
-  std::vector<uint8_t> packed;
-  std::vector<uint8_t> codes;
-  std::vector<float> muls;
-  for (int u = 0; u < 64; ++u) {
-    uint8_t c[32];
-    for (int i = 0; i < 32; ++i) c[i] = static_cast<uint8_t>(u < 2 ? (u * 32 + i) : rng() & 0x3F);  // all 64 codes first
-    uint8_t p[24];
-    pack_fp6(c, 32, p);
-    packed.insert(packed.end(), p, p + 24);
-    codes.insert(codes.end(), c, c + 32);
-    muls.push_back(e8m0_decode(static_cast<uint8_t>(100 + u)));
-  }
-  std::vector<uint32_t> words(packed.size() / 4);
-  std::memcpy(words.data(), packed.data(), packed.size());
-  const auto out = decode_fp6_units(e3m2, words, muls);
-  for (size_t u = 0; u < 64; ++u)
-    for (int i = 0; i < 32; ++i) {
-      const uint8_t c = fp6_code_at(packed.data() + u * 24, i);
-      ASSERT_EQ(c, codes[u * 32 + i]);
-      const float v = e3m2 ? fp6_e3m2_decode(c) : fp6_e2m3_decode(c);
-      ASSERT_TRUE(same(elem(out, u, i), v * muls[u])) << "unit " << u << " element " << i << " code " << int(c);
-    }
-}
-INSTANTIATE_TEST_SUITE_P(Both, CudaDecodeFp6, ::testing::Values(false, true));
-
 TEST(CudaDecode, Fp8AllFiniteCodes) {
   SKIP_WITHOUT_GPU();
   std::vector<uint8_t> bytes;
   for (int c = 0; c < 256; ++c)
     if ((c & 0x7F) != 0x7F) bytes.push_back(static_cast<uint8_t>(c));
-  while (bytes.size() % 32) bytes.push_back(0);
+  while (bytes.size() % 4) bytes.push_back(0);
   std::vector<uint32_t> words(bytes.size() / 4);
   std::memcpy(words.data(), bytes.data(), bytes.size());
-  const auto out = decode_fp8_units(words);  // fp16x2 words
-  for (size_t u = 0; u < bytes.size() / 32; ++u)
-    for (int i = 0; i < 32; ++i) {
-      const uint32_t w = out[u * 16 + static_cast<size_t>(i / 2)];
-      const float got = fp16_decode(static_cast<uint16_t>((i & 1) ? w >> 16 : w & 0xFFFF));
-      ASSERT_TRUE(same(got, fp8_e4m3_decode(bytes[u * 32 + i]))) << "code " << int(bytes[u * 32 + i]);
-    }
+  const auto out = decode_fp8_units(words);  // fp16x2 words, element i in half i % 2 of word i / 2
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const uint32_t w = out[i / 2];
+    const float got = fp16_decode(static_cast<uint16_t>((i & 1) ? w >> 16 : w & 0xFFFF));
+    ASSERT_TRUE(same(got, fp8_e4m3_decode(bytes[i]))) << "code " << int(bytes[i]);
+  }
 }
 
 // ---- row quantizers vs the reference rules ------------------------------------------------------
