@@ -124,10 +124,32 @@ struct CudaExperts::Impl {
 
 namespace {
 
-// FP4 codes of one expert ([N][K/2] packed rows) → fragment words per (128-row, 128-K) stage
-// (frag_layout.h; stage layout in cuda_common.h); rows ≥ N and K ≥ K are zero codes. NVFP4:
-// codes under a zero block scale become +0 and under a negative one change sign, so that the
-// kernel multiplies by the scale's magnitude only (nvfp4_scale_byte).
+// A plane of FP4-layout fragment words (frag_layout.h, stage layout in cuda_common.h): for every
+// (128-row, 128-K) stage, 2048 words [warp 4][q 4][lane 32][j 4] at dst + stage · stage_bytes;
+// code(n, k) gives the 4-bit code of element (n, k) (rows ≥ N and K ≥ K: zero codes).
+template <class Code>
+void write_fp4_plane(Code code, int ntiles, int Kt, int64_t stage_bytes, uint8_t* dst) {
+  for (int nt = 0; nt < ntiles; ++nt)
+    for (int kt = 0; kt < Kt; ++kt) {
+      uint32_t* out = reinterpret_cast<uint32_t*>(dst + (int64_t{nt} * Kt + kt) * stage_bytes);
+      for (int w = 0; w < 4; ++w)
+        for (int q = 0; q < 4; ++q)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int jw = 0; jw < 4; ++jw) {
+              const int f = 4 * q + jw, mt = f / 8, kk = f % 8, g = lane / 4, c = lane % 4;
+              const int r0 = nt * 128 + 32 * w + 16 * mt + g;
+              const int k0 = kt * 128 + 16 * kk + 2 * c;
+              uint32_t word = 0;
+              for (int j = 0; j < 4; ++j)  // a0..a3: rows r0 / r0 + 8, k0 / k0 + 8
+                for (int h = 0; h < 2; ++h) word |= fp4_frag_place(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), j, h);
+              *out++ = word;
+            }
+    }
+}
+
+// FP4 codes of one expert ([N][K/2] packed rows). NVFP4: codes under a zero block scale become +0
+// and under a negative one change sign, so that the kernel multiplies by the scale's magnitude
+// only (nvfp4_scale_byte).
 void repack_fp4_fragments(const uint8_t* src, const uint8_t* nv_scales, int nb, int N, int K, int ntiles, int Kt,
                           uint8_t* dst) {
   const int64_t src_row = K / 2;
@@ -141,22 +163,7 @@ void repack_fp4_fragments(const uint8_t* src, const uint8_t* nv_scales, int nb, 
     }
     return c;
   };
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-  for (int nt = 0; nt < ntiles; ++nt)
-    for (int kt = 0; kt < Kt; ++kt)
-      for (int w = 0; w < 4; ++w)
-        for (int q = 0; q < 4; ++q)
-          for (int lane = 0; lane < 32; ++lane)
-            for (int jw = 0; jw < 4; ++jw) {
-              const int f = 4 * q + jw, mt = f / 8, kk = f % 8, g = lane / 4, c = lane % 4;
-              const int r0 = nt * 128 + 32 * w + 16 * mt + g;
-              const int k0 = kt * 128 + 16 * kk + 2 * c;
-              uint32_t word = 0;
-              for (int j = 0; j < 4; ++j)  // a0..a3: rows r0 / r0 + 8, k0 / k0 + 8
-                for (int h = 0; h < 2; ++h)
-                  word |= fp4_frag_place(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), j, h);
-              *out++ = word;
-            }
+  write_fp4_plane(code, ntiles, Kt, kBW * 64, dst);
 }
 
 // FP8 codes of one expert ([N][K] bytes) → fragment words per (128-row, 128-K) stage
@@ -207,22 +214,14 @@ void repack_fp6_fragments(const uint8_t* src, bool e3m2, int N, int K, int ntile
   auto code = [&](int n, int k) -> uint32_t {
     return (n < N && k < K) ? fp6_code_at(src + int64_t{n} * src_row, k) : 0u;
   };
+  constexpr int64_t kStage = kBW * 96;
+  write_fp4_plane([&](int n, int k) { return fp6_plane4_code(code(n, k), e3m2); }, ntiles, Kt, kStage, dst);
   for (int nt = 0; nt < ntiles; ++nt)
     for (int kt = 0; kt < Kt; ++kt) {
-      uint32_t* p4 = reinterpret_cast<uint32_t*>(dst + (int64_t{nt} * Kt + kt) * (kBW * 96));
-      uint32_t* p2 = p4 + 2048;
+      uint32_t* p2 = reinterpret_cast<uint32_t*>(dst + (int64_t{nt} * Kt + kt) * kStage) + 2048;
       for (int w = 0; w < 4; ++w)
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, c = lane % 4;
-          for (int f = 0; f < 16; ++f) {  // plane-4 word f = 4q + jw: m-fragment f / 8, k16 step f % 8
-            const int mt = f / 8, kk = f % 8, q = f / 4, jw = f % 4;
-            const int r0 = nt * 128 + 32 * w + 16 * mt + g, k0 = kt * 128 + 16 * kk + 2 * c;
-            uint32_t word = 0;
-            for (int j = 0; j < 4; ++j)
-              for (int h = 0; h < 2; ++h)
-                word |= fp4_frag_place(fp6_plane4_code(code(r0 + 8 * (j & 1), k0 + 8 * (j >> 1) + h), e3m2), j, h);
-            p4[w * 512 + (q * 32 + lane) * 4 + jw] = word;
-          }
           for (int v = 0; v < 8; ++v) {  // plane-2 word v = k16 step v
             uint32_t word = 0;
             for (int mt = 0; mt < 2; ++mt) {
@@ -296,10 +295,7 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
         d.epi[e] = kNvfp4EpilogueScale;
       }
       repack_fp4_fragments(src, f == WFmt::NVFP4 ? esc : nullptr, nb, N, K, d.Npad / kBW, d.Kt, buf.data());
-      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
-      continue;
-    }
-    if (fp6_fragment_layout(f)) {
+    } else if (fp6_fragment_layout(f)) {
       const bool e3m2 = f == WFmt::MXFP6_E3M2;
       const uint8_t* esc = bscale->data_as<uint8_t>() + int64_t{e} * N * nb;
       auto nonzero = [&](int n, int b) {
@@ -308,27 +304,22 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
           if (fp6_code_at(row, int64_t{b} * kMxBlock + i) & 0x1F) return true;
         return false;
       };
-      shift[e] = e3m2 ? mx_shift(esc, N, nb, Fp6Planes<true>::kBias, Fp6Planes<true>::kMargin, nonzero,
-                                 nm + "_weight_scale of local expert " + std::to_string(e))
-                      : mx_shift(esc, N, nb, Fp6Planes<false>::kBias, Fp6Planes<false>::kMargin, nonzero,
-                                 nm + "_weight_scale of local expert " + std::to_string(e));
+      const int bias = e3m2 ? Fp6Planes<true>::kBias : Fp6Planes<false>::kBias;
+      const int margin = e3m2 ? Fp6Planes<true>::kMargin : Fp6Planes<false>::kMargin;
+      shift[e] = mx_shift(esc, N, nb, bias, margin, nonzero, nm + "_weight_scale of local expert " + std::to_string(e));
       d.epi[e] = std::ldexp(1.0f, shift[e]);
       repack_fp6_fragments(src, e3m2, N, K, d.Npad / kBW, d.Kt, buf.data());
-      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
-      continue;
-    }
-    if (fp8_fragment_layout(f)) {
+    } else if (fp8_fragment_layout(f)) {
       repack_fp8_fragments(src, N, K, d.Npad / kBW, d.Kt, buf.data());
-      QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
-      continue;
-    }
-    for (int n = 0; n < N; ++n) {
-      const int nt = n / kBW, r = n % kBW;
-      for (int kt = 0; kt < d.Kt; ++kt) {
-        const int64_t b0 = kt * sb, len = std::min<int64_t>(sb, src_row - b0);
-        if (len <= 0) break;
-        std::memcpy(buf.data() + ((int64_t{nt} * d.Kt + kt) * kBW + r) * sb, src + int64_t{n} * src_row + b0,
-                    static_cast<size_t>(len));
+    } else {  // BF16 / INT8: tile-major rows
+      for (int n = 0; n < N; ++n) {
+        const int nt = n / kBW, r = n % kBW;
+        for (int kt = 0; kt < d.Kt; ++kt) {
+          const int64_t b0 = kt * sb, len = std::min<int64_t>(sb, src_row - b0);
+          if (len <= 0) break;
+          std::memcpy(buf.data() + ((int64_t{nt} * d.Kt + kt) * kBW + r) * sb, src + int64_t{n} * src_row + b0,
+                      static_cast<size_t>(len));
+        }
       }
     }
     QMOE_CUDA_CHECK(cudaMemcpy(d.w.as<uint8_t>() + e * d.expert_stride, buf.data(), buf.size(), cudaMemcpyHostToDevice));
