@@ -59,11 +59,7 @@ struct Result {
   double worst_row = 0.0;
 };
 
-Result run_problem(const SchemeInfo& s, const Problem& pb, const CudaOptions& opt = {}, bool prefill = false) {
-  std::mt19937 rng(static_cast<uint32_t>(pb.seed * 7919 + 17));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
-  for (auto& v : x) v = nd(rng);
+BuildSpec spec_of(const SchemeInfo& s, const Problem& pb) {
   BuildSpec b;
   b.scheme = &s;
   b.E = pb.E;
@@ -73,7 +69,15 @@ Result run_problem(const SchemeInfo& s, const Problem& pb, const CudaOptions& op
   b.act = pb.act;
   b.bias = pb.bias;
   b.seed = pb.seed;
-  const ExpertParams p = build_params(b, x, pb.T);
+  return b;
+}
+
+Result run_problem(const SchemeInfo& s, const Problem& pb, const CudaOptions& opt = {}, bool prefill = false) {
+  std::mt19937 rng(static_cast<uint32_t>(pb.seed * 7919 + 17));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
+  for (auto& v : x) v = nd(rng);
+  const ExpertParams p = build_params(spec_of(s, pb), x, pb.T);
   std::vector<int32_t> ids;
   std::vector<float> w;
   random_routing(pb.T, pb.K, pb.E, rng, ids, w, pb.allowed);
@@ -282,15 +286,8 @@ TEST_P(CudaExpertsEdge, Bf16AndF16InputsEqualF32OfTheSameValues) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
   for (auto& v : x) v = nd(rng);
-  BuildSpec b;
-  b.scheme = &s;
-  b.E = pb.E;
-  b.H = pb.H;
-  b.I = pb.I;
-  b.act = pb.act;
-  b.bias = true;
-  b.seed = 3;
-  const ExpertParams p = build_params(b, x, pb.T);
+  pb.seed = 3;
+  const ExpertParams p = build_params(spec_of(s, pb), x, pb.T);
   std::vector<int32_t> ids;
   std::vector<float> w;
   random_routing(pb.T, pb.K, pb.E, rng, ids, w, {});
