@@ -100,7 +100,6 @@ QMOE_HD void fp6_frag_decode(uint32_t w4, uint32_t w2, int mt, uint32_t (&o)[4])
 // ---- block scales -------------------------------------------------------------------------
 constexpr uint32_t kNvfp4ScaleBase = 236;           // bf16 exponent field of byte 0
 constexpr float kNvfp4EpilogueScale = 256.0f;        // 2^8
-constexpr int kMxFp4MaxShiftSpan = 133;              // s_max − s_min allowed (see above)
 
 // Kernel byte of an E8M0 block scale s (s ≠ 255) under the expert's shift c; bias 126 for
 // FP4 and FP6 E2M3, 124 for FP6 E3M2.
