@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
         const std::string scname = entry.substr(0, plus);
         qmoe::cuda::CudaOptions opt = base_opt;
         // Suffixes: +bf16act, +tileN (CudaOptions::token_tile), +xbf16 (hidden states in bf16),
-        // +route (device routing from logits in the timed graph), in any order.
+        // +route (device routing from logits in the timed graph), +nowg (128-token tiles on the
+        // mma.sync kernel instead of wgmma), in any order.
         bool x_bf16 = false, with_route = false;
         for (size_t p = plus; p != std::string::npos;) {
           const size_t q = entry.find('+', p + 1);
@@ -183,6 +184,7 @@ int main(int argc, char** argv) {
           if (suf == "bf16act") opt.bf16_activations = true;
           else if (suf == "xbf16") x_bf16 = true;
           else if (suf == "route") with_route = true;
+          else if (suf == "nowg") opt.wgmma = false;
           else if (suf.rfind("tile", 0) == 0) opt.token_tile = std::stoi(suf.substr(4));
           else throw qmoe::Error("unknown scheme suffix '" + suf + "' in " + entry);
           p = q;

@@ -87,13 +87,14 @@ struct GemmArgs {
   int Kt = 0, kt_per_split = 0;
 };
 
-void launch_gemm(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_bf16(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_fp8(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_int8(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_mxfp4(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_mxfp6(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
-void launch_gemm_nvfp4(AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s);
+// bt: token tile (8, 16, 64, 128); wg: 128-token tiles may run on the wgmma kernel (gemm_wgmma.cuh).
+void launch_gemm(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_bf16(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_fp8(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_int8(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_mxfp4(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_mxfp6(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+void launch_gemm_nvfp4(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
 
 // Row quantization rule (the activation quantizer of the scheme, spec §9.1, §10).
 struct RowQuant {

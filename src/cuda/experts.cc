@@ -740,7 +740,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     return g;
   };
   const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
-  launch_gemm(m.wf, af1, pl.bt, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
+  launch_gemm(m.wf, af1, pl.bt, m.opt.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
@@ -748,7 +748,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
   const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
-  launch_gemm(m.wf, m.af, pl.bt, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
+  launch_gemm(m.wf, m.af, pl.bt, m.opt.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
   launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
                  router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, s);
@@ -798,15 +798,15 @@ double CudaExperts::expert_bytes() const {
   return b;
 }
 
-void launch_gemm(WFmt wf, AFmt af, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+void launch_gemm(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   switch (wf) {
-    case WFmt::BF16: launch_gemm_bf16(af, bt, a, grid, s); break;
-    case WFmt::FP8: launch_gemm_fp8(af, bt, a, grid, s); break;
-    case WFmt::INT8: launch_gemm_int8(af, bt, a, grid, s); break;
-    case WFmt::MXFP4: launch_gemm_mxfp4(af, bt, a, grid, s); break;
+    case WFmt::BF16: launch_gemm_bf16(af, bt, wg, a, grid, s); break;
+    case WFmt::FP8: launch_gemm_fp8(af, bt, wg, a, grid, s); break;
+    case WFmt::INT8: launch_gemm_int8(af, bt, wg, a, grid, s); break;
+    case WFmt::MXFP4: launch_gemm_mxfp4(af, bt, wg, a, grid, s); break;
     case WFmt::MXFP6_E2M3:
-    case WFmt::MXFP6_E3M2: launch_gemm_mxfp6(wf, af, bt, a, grid, s); break;
-    case WFmt::NVFP4: launch_gemm_nvfp4(af, bt, a, grid, s); break;
+    case WFmt::MXFP6_E3M2: launch_gemm_mxfp6(wf, af, bt, wg, a, grid, s); break;
+    case WFmt::NVFP4: launch_gemm_nvfp4(af, bt, wg, a, grid, s); break;
   }
 }
 

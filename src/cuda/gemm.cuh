@@ -113,8 +113,8 @@ struct WTraits;
 // kBK: K elements per stage; kRaw: bytes per row per stage; kStride: its shared-memory row stride
 // (padded: conflict-free ldmatrix / 16-byte decode reads); kScale: block-scale bytes per row per
 // stage.
-// kRegDecode (FP4): the stage is stored in MMA-fragment order (see fp4_fragment_word below) and
-// decoded straight into the A fragments in registers, with no 16-bit tile in shared memory.
+// kRegDecode (FP8, FP4, FP6): the stage is stored in MMA-fragment order (cuda_common.h) and
+// decoded straight into the A fragments in registers (AFrag), with no 16-bit tile in shared memory.
 template <> struct WTraits<WFmt::BF16> { static constexpr int kBK = 64, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kRegDecode = false; };
 template <> struct WTraits<WFmt::INT8> { static constexpr int kBK = 128, kRaw = 128, kStride = 144, kScale = 0; static constexpr bool kRegDecode = false; };
 template <> struct WTraits<WFmt::FP8> { static constexpr int kBK = 128, kRaw = 128, kStride = 128, kScale = 0; static constexpr bool kRegDecode = true; };
@@ -122,6 +122,123 @@ template <> struct WTraits<WFmt::MXFP4> { static constexpr int kBK = 128, kRaw =
 template <> struct WTraits<WFmt::MXFP6_E2M3> { static constexpr int kBK = 128, kRaw = 96, kStride = 96, kScale = 4; static constexpr bool kRegDecode = true; };
 template <> struct WTraits<WFmt::MXFP6_E3M2> { static constexpr int kBK = 128, kRaw = 96, kStride = 96, kScale = 4; static constexpr bool kRegDecode = true; };
 template <> struct WTraits<WFmt::NVFP4> { static constexpr int kBK = 128, kRaw = 64, kStride = 64, kScale = 8; static constexpr bool kRegDecode = true; };
+
+// ---- the A operand (weights) of one warp for one stage -------------------------------------------
+// A warp owns 32 weight rows of a 128-row tile: m-fragment mt (0, 1) = rows 32·warp + 16·mt + 0..15.
+// load() reads what the stage holds for them (fragment words and block scales for the
+// register-decode formats; nothing for the ldmatrix formats), get(kk) yields the two m16 × k
+// fragments of MMA k step kk (k16 for 16-bit MMAs, k32 for INT8) in the mma.sync / wgmma A
+// register layout. Shared by the mma.sync and the wgmma kernels: one decode.
+template <WFmt WF>
+struct AFrag {
+  using WT = WTraits<WF>;
+  static constexpr bool kInt8 = WF == WFmt::INT8;
+  static constexpr bool kFp8 = WF == WFmt::FP8;
+  static constexpr bool kFp6 = WF == WFmt::MXFP6_E2M3 || WF == WFmt::MXFP6_E3M2;
+  static constexpr bool kNv = WF == WFmt::NVFP4;
+  static constexpr bool kF16 = kFp8;  // FP8 weights run fp16 MMAs (e4m3 → f16 exact)
+  static constexpr int kSteps = kInt8 ? WT::kBK / 32 : WT::kBK / 16;  // MMA k steps per stage
+  static constexpr int kSW = WT::kScale > 0 ? WT::kScale / 4 : 1;      // scale words per row
+  static constexpr int kWords = kFp8 ? 32 : WT::kRegDecode ? 16 : 1;
+  uint32_t wv[kWords];
+  uint32_t w2[kFp6 ? 8 : 1];
+  uint32_t sw[2][2][kSW];
+  const uint8_t* tile = nullptr;
+
+  // wst: the stage's 128-row weight tile; sst: its block scales.
+  __device__ __forceinline__ void load(const uint8_t* wst, const uint8_t* sst, int warp, int lane) {
+    if constexpr (kFp8) {
+      // 32 fragment words (2 m-fragments × 8 k16 steps × 2); word 2·(mt·8 + kk) + p holds
+      // registers a(2p), a(2p+1) as e4m3 pairs (cuda_common.h).
+      load_frag_words(wv, wst + warp * 4096, lane);
+    } else if constexpr (WT::kRegDecode) {
+      // 16 fragment words (2 m-fragments × 8 k16 steps); FP6: and its 8 plane-2 words (one per
+      // k16 step) after the 8 KB plane-4 block.
+      load_frag_words(wv, wst + warp * 2048, lane);
+      if constexpr (kFp6) load_frag_words(w2, wst + 8192 + warp * 1024, lane);
+      // Block-scale words of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8), in
+      // the kernel form of frag_layout.h.
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int i = 0; i < kSW; ++i)
+            sw[mt][hh][i] = reinterpret_cast<const uint32_t*>(sst + (warp * 32 + mt * 16 + (lane >> 2) + hh * 8) * WT::kScale)[i];
+    } else {
+      // ldmatrix rows of the thread: rows (lane & 15) of the m16 fragment, k half lane / 16.
+      tile = wst + (warp * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * WT::kStride + (lane >> 4) * 16;
+    }
+  }
+
+  __device__ __forceinline__ void get(int kk, uint32_t (&af)[2][4]) const {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int f = 2 * (mt * 8 + kk);
+        af[mt][0] = e4m3x2_to_f16x2(wv[f] & 0xFFFFu);
+        af[mt][1] = e4m3x2_to_f16x2(wv[f] >> 16);
+        af[mt][2] = e4m3x2_to_f16x2(wv[f + 1] & 0xFFFFu);
+        af[mt][3] = e4m3x2_to_f16x2(wv[f + 1] >> 16);
+      }
+    } else if constexpr (WT::kRegDecode) {
+      const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
+        const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
+        uint32_t o[4];
+        if constexpr (kFp6) fp6_frag_decode<WF == WFmt::MXFP6_E3M2>(wv[mt * 8 + kk], w2[kk], mt, o);
+        else fp4_frag_decode(wv[mt * 8 + kk], o);  // value · 2^−126 (E3M2: 2^−124), exact
+        af[mt][0] = bf16x2_mul_bits(o[0], m0);
+        af[mt][1] = bf16x2_mul_bits(o[1], m1);
+        af[mt][2] = bf16x2_mul_bits(o[2], m0);
+        af[mt][3] = bf16x2_mul_bits(o[3], m1);
+      }
+    } else {  // BF16 (k16 · 2 bytes) and INT8 (k32 · 1 byte): 32 bytes per k step
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) ldsm_x4(af[mt], tile + mt * 16 * WT::kStride + kk * 32);
+    }
+  }
+};
+
+// One mma.sync of the format: m16n8k16 bf16 / f16 (fp32 accumulate) or m16n8k32 s8 (int32).
+template <WFmt WF, class Acc>
+__device__ __forceinline__ void mma_frag(Acc (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (WF == WFmt::INT8) mma_s8(c, a, b0, b1);
+  else mma_16<AFrag<WF>::kF16>(c, a, b0, b1);
+}
+
+// ---- epilogue ------------------------------------------------------------------------------------
+// Scales in fp32 and one partial per (split, slot, row): the warp's rows nw + 16·mt + lane/4 (+ 8),
+// its tokens j = 8·nt + 2·(lane % 4) + q (the mma.sync C and the wgmma D layouts alike).
+template <int NT, class Acc>
+__device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&acc)[2][NT][4], int e, int split, int nw,
+                                               int lane, int cnt, const int* s_slot, const int* s_arow) {
+  const float es = a.escale[e];
+  const float* cs = a.colscale ? a.colscale + static_cast<int64_t>(e) * a.Npad : nullptr;
+  float* out = a.out + static_cast<int64_t>(split) * a.TK * a.N;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = nw + mt * 16 + (lane >> 2) + h * 8;
+      if (n >= a.N) continue;
+      const float f = cs ? es * cs[n] : es;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int j = nt * 8 + (lane & 3) * 2 + q;
+          if (j >= cnt) continue;
+          float v = static_cast<float>(acc[mt][nt][h * 2 + q]) * f;
+          if (a.a_rowscale) v *= a.a_rowscale[s_arow[j]];
+          out[static_cast<int64_t>(s_slot[j]) * a.N + n] = v;
+        }
+      }
+    }
+  }
+}
 
 template <WFmt WF, int BT, bool SPLIT>
 struct GemmCfg {
@@ -150,9 +267,9 @@ template <WFmt WF, int BT, bool SPLIT>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   using C = GemmCfg<WF, BT, SPLIT>;
   using WT = typename C::WT;
+  using F = AFrag<WF>;
   constexpr int NT = BT / 8;  // 8-token MMA fragments
   constexpr int NP = BT >= 16 ? BT / 16 : 1;  // B-operand loads per k step
-  constexpr bool kF16 = WF == WFmt::FP8;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_arow[BT];
   __shared__ int s_slot[BT];
@@ -272,6 +389,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     cp_async_commit();
   }
 
+  const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
   for (int it = 0; it < nk; ++it) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
@@ -285,167 +403,37 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
     const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
     const uint8_t* at = st + C::kWStage + C::kSStage;
-    const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
-    if constexpr (WF == WFmt::FP8) {
-      // This warp's 32 fragment words (2 m-fragments × 8 k16 steps × 2); word 2·(mt·8 + kk) + p
-      // holds registers a(2p), a(2p+1) as e4m3 pairs (cuda_common.h).
-      uint32_t wv[32];
-      load_frag_words(wv, st + warp * 4096, lane);
+    F wsrc_f;
+    wsrc_f.load(st, st + C::kWStage, warp, lane);
 #pragma unroll
-      for (int kk = 0; kk < C::kBK / 16; ++kk) {
-        uint32_t af[2][4];
+    for (int kk = 0; kk < F::kSteps; ++kk) {
+      uint32_t af[2][4];
+      wsrc_f.get(kk, af);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int f = 2 * (mt * 8 + kk);
-          af[mt][0] = e4m3x2_to_f16x2(wv[f] & 0xFFFFu);
-          af[mt][1] = e4m3x2_to_f16x2(wv[f] >> 16);
-          af[mt][2] = e4m3x2_to_f16x2(wv[f + 1] & 0xFFFFu);
-          af[mt][3] = e4m3x2_to_f16x2(wv[f + 1] >> 16);
-        }
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bf[4];
-          ldsm_b<BT>(bf, at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma_f16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            if constexpr (BT >= 16) mma_f16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-          }
-        }
-      }
-    } else if constexpr (WT::kRegDecode) {
-      // This warp's 16 fragment words (2 m-fragments × 8 k16 steps); FP6: and its 8 plane-2 words
-      // (one per k16 step) after the 8 KB plane-4 block.
-      constexpr bool kFp6 = C::kFp6;
-      uint32_t wv[16], w2[kFp6 ? 8 : 4];
-      load_frag_words(wv, st + warp * 2048, lane);
-      if constexpr (kFp6) load_frag_words(w2, st + 8192 + warp * 1024, lane);
-      // Block-scale words of the thread's 4 rows (r0 = warp·32 + mt·16 + lane/4, r1 = r0 + 8), in
-      // the kernel form of frag_layout.h.
-      const uint8_t* sc = st + C::kWStage;
-      constexpr int kSW = WT::kScale / 4;  // scale words per row
-      constexpr bool kNv = WF == WFmt::NVFP4;
-      uint32_t sw[2][2][kSW];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int i = 0; i < kSW; ++i)
-            sw[mt][hh][i] = reinterpret_cast<const uint32_t*>(sc + (warp * 32 + mt * 16 + (lane >> 2) + hh * 8) * WT::kScale)[i];
-#pragma unroll
-      for (int kk = 0; kk < C::kBK / 16; ++kk) {
-        const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block
-        uint32_t af[2][4];
+      for (int np = 0; np < NP; ++np) {
+        // 32 bytes per k step (k16 of 16-bit values, k32 of int8), this lane's 16-byte half.
+        const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16;
+        uint32_t bf[4];
+        ldsm_b<BT>(bf, bp);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
-          const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
-          uint32_t o[4];
-          if constexpr (kFp6) fp6_frag_decode<WF == WFmt::MXFP6_E3M2>(wv[mt * 8 + kk], w2[kk], mt, o);
-          else fp4_frag_decode(wv[mt * 8 + kk], o);  // value · 2^−126 (E3M2: 2^−124), exact
-          af[mt][0] = bf16x2_mul_bits(o[0], m0);
-          af[mt][1] = bf16x2_mul_bits(o[1], m1);
-          af[mt][2] = bf16x2_mul_bits(o[2], m0);
-          af[mt][3] = bf16x2_mul_bits(o[3], m1);
+          mma_frag<WF>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+          if constexpr (BT >= 16) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
         }
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bf[4];
-          const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
-          ldsm_b<BT>(bf, bp);
+        if constexpr (SPLIT) {
+          uint32_t bl[4];
+          ldsm_b<BT>(bl, bp + BT * C::kAStride);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            mma_bf16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            if constexpr (BT >= 16) mma_bf16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-          }
-          if constexpr (SPLIT) {
-            uint32_t bl[4];
-            ldsm_b<BT>(bl, bp + BT * C::kAStride);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma_bf16(acc[mt][2 * np], af[mt], bl[0], bl[1]);
-              if constexpr (BT >= 16) mma_bf16(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
-            }
-          }
-        }
-      }
-    } else if constexpr (C::kInt8) {  // ldmatrix straight from the staged tile
-      const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of the weight fragment
-#pragma unroll
-      for (int kk = 0; kk < C::kBK / 32; ++kk) {
-        uint32_t af[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          ldsm_x4(af[mt], st + (warp * 32 + mt * 16 + arow_l) * WT::kStride + kk * 32 + (lane >> 4) * 16);
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bf[4];
-          ldsm_b<BT>(bf, at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma_s8(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            if constexpr (BT >= 16) mma_s8(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-          }
-        }
-      }
-    } else {  // BF16: ldmatrix straight from the staged tile
-      const int arow_l = (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int kk = 0; kk < C::kBK / 16; ++kk) {
-        uint32_t af[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          ldsm_x4(af[mt], st + (warp * 32 + mt * 16 + arow_l) * WT::kStride + (kk * 16 + (lane >> 4) * 8) * 2);
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bf[4];
-          const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + (kk * 16 + ((lane >> 3) & 1) * 8) * 2;
-          ldsm_b<BT>(bf, bp);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma_16<kF16>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-            if constexpr (BT >= 16) mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-          }
-          if constexpr (SPLIT) {
-            uint32_t bl[4];
-            ldsm_b<BT>(bl, bp + BT * C::kAStride);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma_16<kF16>(acc[mt][2 * np], af[mt], bl[0], bl[1]);
-              if constexpr (BT >= 16) mma_16<kF16>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
-            }
+            mma_frag<WF>(acc[mt][2 * np], af[mt], bl[0], bl[1]);
+            if constexpr (BT >= 16) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
           }
         }
       }
     }
   }
   cp_async_wait<0>();
-
-  // Epilogue: scales in fp32, one partial per (split, slot, row).
-  const float es = a.escale[e];
-  const float* cs = a.colscale ? a.colscale + static_cast<int64_t>(e) * a.Npad : nullptr;
-  float* out = a.out + static_cast<int64_t>(split) * a.TK * a.N;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + warp * 32 + mt * 16 + (lane >> 2) + h * 8;
-      if (n >= a.N) continue;
-      const float f = cs ? es * cs[n] : es;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int j = nt * 8 + (lane & 3) * 2 + q;
-          if (j >= cnt) continue;
-          float v = static_cast<float>(acc[mt][nt][h * 2 + q]) * f;
-          if (a.a_rowscale) v *= a.a_rowscale[s_arow[j]];
-          out[static_cast<int64_t>(s_slot[j]) * a.N + n] = v;
-        }
-      }
-    }
-  }
+  store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
 }
 
 template <WFmt WF, int BT, bool SPLIT>
@@ -459,14 +447,29 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
 }
 
-// Dispatch on the token tile.
+}  // namespace qmoe::cuda
+
+#include "cuda/gemm_wgmma.cuh"
+
+namespace qmoe::cuda {
+
+// Dispatch on the token tile; 128-token tiles run on the warpgroup-MMA kernel where the device
+// and the build have it (wgmma_available(), gemm_wgmma.cuh) and `wg` allows.
 template <WFmt WF, bool SPLIT>
-void launch_gemm_bt(int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   switch (bt) {
     case 8: launch_gemm_t<WF, 8, SPLIT>(a, grid, s); break;
     case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
     case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
-    default: launch_gemm_t<WF, 128, SPLIT>(a, grid, s); break;
+    default:
+      if constexpr (WgCfg<WF, SPLIT>::kSupported) {
+        if (wg && wgmma_available()) {
+          launch_gemm_wg<WF, SPLIT>(a, grid, s);
+          break;
+        }
+      }
+      launch_gemm_t<WF, 128, SPLIT>(a, grid, s);
+      break;
   }
 }
 

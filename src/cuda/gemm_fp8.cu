@@ -3,8 +3,8 @@
 
 namespace qmoe::cuda {
 
-void launch_gemm_fp8(AFmt, int bt, const GemmArgs& a, dim3 grid, cudaStream_t s) {
-  launch_gemm_bt<WFmt::FP8, false>(bt, a, grid, s);
+void launch_gemm_fp8(AFmt, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  launch_gemm_bt<WFmt::FP8, false>(bt, wg, a, grid, s);
 }
 
 }  // namespace qmoe::cuda

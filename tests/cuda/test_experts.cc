@@ -353,6 +353,27 @@ TEST(CudaExperts, LargerPrefill) {
   }
 }
 
+// ---- 128-token tiles on both kernels (wgmma on Hopper, mma.sync), every scheme -------------------
+// Ragged tiles (~150 tokens per expert: one full and one partial tile), an odd number of 128-row
+// weight tiles in both GEMMs (N = 640 and 576: the wgmma kernel's second warpgroup idles on the
+// last one) and K padded to the stage (I = 320).
+TEST(CudaExperts, PrefillTilesEveryScheme) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& s : all_schemes()) {
+    Problem pb;
+    pb.T = small() ? 140 : 300;
+    pb.E = 4;
+    pb.H = 576;
+    pb.I = 320;
+    for (bool wg : {true, false}) {
+      CudaOptions o;
+      o.token_tile = 128;
+      o.wgmma = wg;
+      expect_exact(s, run_problem(s, pb, o), pb.T, std::string(s.name) + (wg ? " wgmma" : " mma.sync"));
+    }
+  }
+}
+
 // ---- errors -------------------------------------------------------------------------------------
 TEST(CudaExperts, RejectsBadInput) {
   SKIP_WITHOUT_GPU();

@@ -1,0 +1,299 @@
+// The prefill GEMM on Hopper's warpgroup MMA (sm_90a): the same grouped GEMM as gemm_kernel
+// (GemmArgs, tile lists, partial outputs, epilogue) for 128-token tiles.
+//
+// A CTA is kWG consumer warpgroups (2, or 1 where a 2-warpgroup stage would not fit 3 times in
+// shared memory) over kWG consecutive 128-row weight tiles and one 128-token tile, so the
+// activation tile is shared. Per stage all threads copy (cp.async, STAGES deep, prefetch distance
+// STAGES − 2) the activation rows into the 128-byte-swizzled K-major layout that wgmma reads
+// through a shared-memory descriptor, and each warpgroup copies its weight tile and block scales
+// in the layout of the mma.sync kernel. Each warp then builds its A fragments exactly as there
+// (AFrag: ldmatrix, or the register decode of FP8 / FP4 / FP6) and the warpgroup issues
+// wgmma.mma_async m64n128 with A from registers (two per k step: m-fragments 0 and 1 of the four
+// warps), so the decode of step k + 1 overlaps the MMAs of step k. Accumulators are the
+// mma.sync kernel's [2][16][4] (the D layout of m64nN is the m16n8 C layout per warp, repeated
+// over N), and so is the epilogue (store_partials).
+//
+// Ordering: wgmma groups are committed per k step; before a thread overwrites an A-fragment
+// register pair it waits for all but the newest group (wait_group 1), and before the CTA barrier of
+// stage it every warpgroup has done the same, so the copies issued after that barrier (into the
+// buffer of stage it − 2) never overwrite data a wgmma still reads. cp.async writes reach the
+// async proxy through fence.proxy.async before the barrier.
+//
+// CTAs are rasterised in strips of kStrip token tiles: consecutive CTAs take the strip's token
+// tiles for one weight-tile pair, then the next pair, so one strip's activations and the weight
+// tiles in flight stay in L2.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QMOE_WGMMA_DEVICE 1
+#else
+#define QMOE_WGMMA_DEVICE 0
+#endif
+
+#include "cuda/gemm_wgmma_host.h"
+
+namespace qmoe::cuda {
+
+// ---- PTX wrappers (sm_90a) ---------------------------------------------------------------------
+// The 64 accumulator operands of an m64n128 wgmma (d[0..63], constraint C) and their placeholders.
+#define QMOE_WG_ACC(C) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), C(d[10]), \
+  C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), \
+  C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), \
+  C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), C(d[40]), \
+  C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), C(d[48]), C(d[49]), C(d[50]), \
+  C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), \
+  C(d[61]), C(d[62]), C(d[63])
+#define QMOE_WG_DREGS \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout: rows of 128
+// bytes, 8-row (1024-byte) atoms, the atom base 1024-aligned (start address in 16-byte units, bits
+// 0–13; leading byte offset unused for this layout, 1; stride byte offset 1024 between 8-row
+// groups, bits 32–45; layout type 1 = 128B swizzle, bits 62–63). A k step inside the 128-byte row
+// advances the start address by its byte offset.
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+// Byte offset of 16-byte chunk q of row r inside a 128-byte-swizzled block of rows.
+__device__ __forceinline__ int sw128_offset(int r, int q) { return r * 128 + (((q ^ r) & 7) << 4); }
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// D[64 × 128] += A[64 × k] (registers: this warp's 16 rows, the mma.sync A layout) · B[k × 128]
+// (shared memory, descriptor), k = 16 (bf16 / f16, fp32 accumulate) or 32 (s8, int32).
+template <WFmt WF, class Acc>
+__device__ __forceinline__ void wgmma_rs(Acc* d, const uint32_t (&a)[4], uint64_t desc) {
+#if QMOE_WGMMA_DEVICE
+  if constexpr (WF == WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS
+                 ", {%64, %65, %66, %67}, %68, p;\n}\n"
+                 : QMOE_WG_ACC("+r")
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  } else if constexpr (AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " QMOE_WG_DREGS
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC("+f")
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC("+f")
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  }
+#else
+  (void)d, (void)a, (void)desc;
+#endif
+}
+
+// ---- geometry --------------------------------------------------------------------------------------
+template <WFmt WF, bool SPLIT>
+struct WgCfg {
+  using WT = WTraits<WF>;
+  static constexpr int BT = 128;
+  static constexpr bool kInt8 = WF == WFmt::INT8;
+  static constexpr int kARaw = kInt8 ? WT::kBK : 2 * WT::kBK;  // activation bytes per row per stage
+  static constexpr int kAtoms = kARaw / 128;                    // 128-byte swizzle columns
+  static constexpr int kATile = kAtoms * BT * 128;              // one operand (hi or lo)
+  static constexpr int kAStage = kATile * (SPLIT ? 2 : 1);
+  static constexpr int kW1 = kBW * WT::kStride;  // one warpgroup's weight tile
+  static constexpr int kS1 = kBW * WT::kScale;   // and its block scales
+  static constexpr int kBudget = 220 * 1024;
+  static constexpr int stage_bytes(int wg) { return (kAStage + wg * (kW1 + kS1) + 1023) / 1024 * 1024; }
+  static constexpr int kWG = 3 * stage_bytes(2) <= kBudget ? 2 : 1;
+  static constexpr int kStageBytes = stage_bytes(kWG);
+  static constexpr int kStagesFit = kBudget / kStageBytes;
+  static constexpr int kStages = kStagesFit > 6 ? 6 : kStagesFit;
+  static constexpr int kThreads = 128 * kWG;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment of the base to 1024
+  // The pipeline needs 3 stages (prefetch distance STAGES − 2); MXFP6 with the hi + lo split
+  // (76 KB per one-warpgroup stage) does not fit and keeps the mma.sync kernel.
+  static constexpr bool kSupported = kStagesFit >= 3;
+  static_assert(kARaw % 128 == 0, "whole swizzle rows");
+};
+constexpr int kStrip = 8;  // token tiles per rasterisation strip
+
+template <WFmt WF, bool SPLIT>
+__global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(const GemmArgs a) {
+#if QMOE_WGMMA_DEVICE
+  using C = WgCfg<WF, SPLIT>;
+  using WT = typename C::WT;
+  using F = AFrag<WF>;
+  static_assert(C::kSupported, "3 pipeline stages must fit");
+  constexpr int BT = C::BT, NT = BT / 8, S = C::kStages, D = S - 2;
+  constexpr int kThreads = C::kThreads;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  __shared__ int s_arow[BT];
+  __shared__ int s_slot[BT];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+
+  // Strip rasterisation of (token tile x, weight-tile group y) over the linear CTA index.
+  const int lin = blockIdx.x + gridDim.x * blockIdx.y;
+  const int strip = lin / (kStrip * gridDim.y);
+  const int width = min(kStrip, static_cast<int>(gridDim.x) - strip * kStrip);
+  const int rem = lin - strip * kStrip * gridDim.y;
+  const int tile = strip * kStrip + rem % width;
+  const int ty = rem / width;
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
+  const int cnt = min(BT, __ldcg(a.counts + e) - m0);
+  const int base = __ldcg(a.offsets + e) + m0;
+  for (int i = tid; i < BT; i += kThreads) {
+    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
+    s_slot[i] = slot;
+    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
+  }
+  const int wtile = ty * C::kWG + wg;  // this warpgroup's 128-row weight tile
+  const bool wg_on = wtile < a.Npad / kBW;
+  const int n0 = wtile * kBW;
+  const int split = blockIdx.z;
+  const int kt0 = split * a.kt_per_split;
+  const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
+  const int nk = kt1 - kt0;
+
+  // Weights: each warpgroup copies its own tile exactly as gemm_kernel does (kWPer chunks per thread).
+  constexpr int kWChunksRow = WT::kRaw / 16;
+  constexpr int kWPer = kBW * kWChunksRow / 128;
+  const uint8_t* wsrc = a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) + wtid * 16;
+  const uint8_t* sbase = nullptr;
+  if constexpr (WT::kScale > 0) sbase = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(n0) * WT::kScale;
+  auto load_w = [&](int buf, int kt) {
+    if (!wg_on) return;
+    uint8_t* st = smem + buf * C::kStageBytes + C::kAStage + wg * C::kW1;
+    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i) {
+      const int c = wtid + i * 128;
+      const int r = c / kWChunksRow, q = c % kWChunksRow;
+      cp_async16(st + r * WT::kStride + q * 16, wk + i * 128 * 16);
+    }
+    if constexpr (WT::kScale > 0) {
+      uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + wg * C::kS1;
+      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
+      if (wtid < C::kS1 / 16) cp_async16(ss + wtid * 16, src + wtid * 16);
+    }
+  };
+  // Activations: 128 rows × kARaw bytes into the swizzled layout [atom][row][128 bytes].
+  constexpr int kAChunksRow = C::kARaw / 16;
+  constexpr int kAPer = BT * kAChunksRow / kThreads;
+  static_assert(BT * kAChunksRow % kThreads == 0, "activation chunks per thread");
+  const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
+  const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
+  auto load_a = [&](int buf, int kt) {
+    uint8_t* adst = smem + buf * C::kStageBytes;
+    const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
+#pragma unroll
+    for (int i = 0; i < kAPer; ++i) {
+      const int c = tid + i * kThreads;
+      const int r = c / kAChunksRow, q = c % kAChunksRow;
+      const int arow = s_arow[r];
+      const int64_t src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + koff + q * 16;
+      const int dst = (q >> 3) * (BT * 128) + sw128_offset(r, q);
+      cp_async16_zfill(adst + dst, abase_hi + src, arow >= 0);
+      if constexpr (SPLIT) cp_async16_zfill(adst + C::kATile + dst, abase_lo + src, arow >= 0);
+    }
+  };
+
+  // Weight prologue (one group) before the wait for the activations' producer (launch.cuh), then
+  // one group per activation stage: stage s is complete with groups 0 and s + 1.
+#pragma unroll
+  for (int s = 0; s < D; ++s)
+    if (s < nk) load_w(s, kt0 + s);
+  cp_async_commit();
+  pdl_wait();
+  pdl_trigger();
+  __syncthreads();  // s_slot / s_arow
+#pragma unroll
+  for (int s = 0; s < D; ++s) {
+    if (s < nk) load_a(s, kt0 + s);
+    cp_async_commit();
+  }
+
+  using Acc = typename std::conditional<C::kInt8, int, float>::type;
+  Acc acc[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
+  uint32_t af[2][2][4];  // A fragments of two k steps in flight
+
+  for (int it = 0; it < nk; ++it) {
+    wg_wait<1>();           // this warpgroup's reads of stage it − 2 are done
+    cp_async_wait<D - 1>();  // this thread's copies of stage it have landed
+    fence_proxy_async();
+    __syncthreads();
+    {
+      const int nx = it + D;
+      if (nx < nk) {
+        load_w(nx % S, kt0 + nx);
+        load_a(nx % S, kt0 + nx);
+      }
+      cp_async_commit();
+    }
+    if (wg_on) {
+      const uint8_t* st = smem + (it % S) * C::kStageBytes;
+      F src;
+      src.load(st + C::kAStage + wg * C::kW1, st + C::kAStage + C::kWG * C::kW1 + wg * C::kS1, warp, lane);
+      const uint32_t abase = smem_u32(st);
+#pragma unroll
+      for (int kk = 0; kk < F::kSteps; ++kk) {
+        if (kk > 0) wg_wait<1>();  // the group that last read af[kk & 1] is done
+        src.get(kk, af[kk & 1]);
+        wg_fence();
+        // 32 bytes per k step: atom kk / 4, byte offset 32 · (kk % 4) inside the swizzled row.
+        const uint64_t desc = wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32);
+        wgmma_rs<WF>(&acc[0][0][0], af[kk & 1][0], desc);
+        wgmma_rs<WF>(&acc[1][0][0], af[kk & 1][1], desc);
+        if constexpr (SPLIT) {
+          const uint64_t dlo = desc + (C::kATile >> 4);
+          wgmma_rs<WF>(&acc[0][0][0], af[kk & 1][0], dlo);
+          wgmma_rs<WF>(&acc[1][0][0], af[kk & 1][1], dlo);
+        }
+        wg_commit();
+      }
+    }
+  }
+  wg_wait<0>();
+  cp_async_wait<0>();
+  if (wg_on) store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+// grid: (tiles, Npad / 128, splits) as for gemm_kernel; the kernel takes kWG weight tiles per CTA.
+template <WFmt WF, bool SPLIT>
+void launch_gemm_wg(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  using C = WgCfg<WF, SPLIT>;
+  static const bool configured = [] {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<WF, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    return true;
+  }();
+  (void)configured;
+  grid.y = (grid.y + C::kWG - 1) / C::kWG;
+  launch_pdl(gemm_wg_kernel<WF, SPLIT>, grid, C::kThreads, C::kSmem, s, a);
+}
+
+}  // namespace qmoe::cuda
