@@ -210,9 +210,9 @@ __device__ __forceinline__ void mma_frag(Acc (&c)[4], const uint32_t (&a)[4], ui
 }
 
 // ---- epilogue ------------------------------------------------------------------------------------
-// Scales in fp32 and one partial per (split, slot, row): the warp's rows nw + 16·mt + lane/4 (+ 8),
-// its tokens j = 8·nt + 2·(lane % 4) + q (the mma.sync C and the wgmma D layouts alike).
-template <int NT, class Acc>
+// Scales in fp32 and one partial per (split, slot, row): the warp's rows nw + kMStride·mt + lane/4
+// (+ 8), its tokens j = 8·nt + 2·(lane % 4) + q (the mma.sync C and the wgmma D layouts alike).
+template <int NT, int kMStride = 16, class Acc>
 __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&acc)[2][NT][4], int e, int split, int nw,
                                                int lane, int cnt, const int* s_slot, const int* s_arow) {
   const float es = a.escale[e];
@@ -222,7 +222,7 @@ __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&ac
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int n = nw + mt * 16 + (lane >> 2) + h * 8;
+      const int n = nw + mt * kMStride + (lane >> 2) + h * 8;
       if (n >= a.N) continue;
       const float f = cs ? es * cs[n] : es;
 #pragma unroll

@@ -7,17 +7,21 @@
 // STAGES − 2) the activation rows into the 128-byte-swizzled K-major layout that wgmma reads
 // through a shared-memory descriptor, and each warpgroup copies its weight tile and block scales
 // in the layout of the mma.sync kernel. Each warp then builds its A fragments exactly as there
-// (AFrag: ldmatrix, or the register decode of FP8 / FP4 / FP6) and the warpgroup issues
+// (AFrag: the register decode of FP8 / FP4 / FP6) and the warpgroup issues
 // wgmma.mma_async m64n128 with A from registers (two per k step: m-fragments 0 and 1 of the four
 // warps), so the decode of step k + 1 overlaps the MMAs of step k. Accumulators are the
 // mma.sync kernel's [2][16][4] (the D layout of m64nN is the m16n8 C layout per warp, repeated
 // over N), and so is the epilogue (store_partials).
 //
-// Ordering: wgmma groups are committed per k step; before a thread overwrites an A-fragment
-// register pair it waits for all but the newest group (wait_group 1), and before the CTA barrier of
-// stage it every warpgroup has done the same, so the copies issued after that barrier (into the
-// buffer of stage it − 2) never overwrite data a wgmma still reads. cp.async writes reach the
-// async proxy through fence.proxy.async before the barrier.
+// BF16 and INT8 weights (128 bytes per row and stage) are stored 128B-swizzled as well and wgmma
+// reads both operands from shared memory (one group per stage).
+//
+// Ordering: register-A wgmma groups are committed per k step; before a thread overwrites the A
+// registers of a k step it waits until the group that read them is done (wait_group kDepth − 1),
+// and before the CTA barrier of stage it every warpgroup has waited until only groups of stage
+// it − 1 are in flight, so the copies issued after that barrier (into the buffer of stage it − 2)
+// never overwrite data a wgmma still reads. cp.async writes reach the async proxy through
+// fence.proxy.async before the barrier.
 //
 // CTAs are rasterised in strips of kStrip token tiles: consecutive CTAs take the strip's token
 // tiles for one weight-tile pair, then the next pair, so one strip's activations and the weight
@@ -104,6 +108,26 @@ __device__ __forceinline__ void wgmma_rs(Acc* d, const uint32_t (&a)[4], uint64_
 #endif
 }
 
+// D[64 × 128] += A[64 × k] · B[k × 128], both from shared memory (descriptors): BF16 and INT8.
+template <WFmt WF, class Acc>
+__device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc) {
+#if QMOE_WGMMA_DEVICE
+  if constexpr (WF == WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS ", %64, %65, p;\n}\n"
+                 : QMOE_WG_ACC("+r")
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : QMOE_WG_ACC("+f")
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  }
+#else
+  (void)d, (void)adesc, (void)bdesc;
+#endif
+}
+
 // ---- geometry --------------------------------------------------------------------------------------
 template <WFmt WF, bool SPLIT>
 struct WgCfg {
@@ -114,7 +138,11 @@ struct WgCfg {
   static constexpr int kAtoms = kARaw / 128;                    // 128-byte swizzle columns
   static constexpr int kATile = kAtoms * BT * 128;              // one operand (hi or lo)
   static constexpr int kAStage = kATile * (SPLIT ? 2 : 1);
-  static constexpr int kW1 = kBW * WT::kStride;  // one warpgroup's weight tile
+  // BF16 / INT8 stages hold 128 bytes per weight row: the tile is stored 128B-swizzled like the
+  // activations and wgmma reads A from shared memory too (no ldmatrix, no A registers).
+  static constexpr bool kSS = !WT::kRegDecode;
+  static_assert(!kSS || WT::kRaw == 128, "one swizzle row per weight row and stage");
+  static constexpr int kW1 = kBW * (kSS ? 128 : WT::kStride);  // one warpgroup's weight tile
   static constexpr int kS1 = kBW * WT::kScale;   // and its block scales
   static constexpr int kBudget = 220 * 1024;
   static constexpr int stage_bytes(int wg) { return (kAStage + wg * (kW1 + kS1) + 1023) / 1024 * 1024; }
@@ -184,7 +212,7 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
     for (int i = 0; i < kWPer; ++i) {
       const int c = wtid + i * 128;
       const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + r * WT::kStride + q * 16, wk + i * 128 * 16);
+      cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
     }
     if constexpr (WT::kScale > 0) {
       uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + wg * C::kS1;
@@ -236,10 +264,18 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
-  uint32_t af[2][2][4];  // A fragments of two k steps in flight
+  // Register-A formats: the A fragments of kDepth k steps in flight (a k step reuses the registers
+  // of the step kDepth before it, after wait_group kDepth − 1; kSteps is a multiple of kDepth, so
+  // the rotation is the same in every stage; 2 with the hi + lo split, whose groups are twice as
+  // long and whose registers are short). Shared-memory-A formats commit one group per stage.
+  constexpr int kDepth = C::kSS ? 1 : SPLIT ? 2 : 4;
+  constexpr int kInFlight = C::kSS ? 1 : kDepth - 1;
+  static_assert(F::kSteps % kDepth == 0, "A-register rotation");
+  uint32_t af[kDepth][2][4];
+  (void)af;
 
   for (int it = 0; it < nk; ++it) {
-    wg_wait<1>();           // this warpgroup's reads of stage it − 2 are done
+    wg_wait<kInFlight>();   // this warpgroup's reads of stage it − 2 are done
     cp_async_wait<D - 1>();  // this thread's copies of stage it have landed
     fence_proxy_async();
     __syncthreads();
@@ -253,30 +289,54 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
     }
     if (wg_on) {
       const uint8_t* st = smem + (it % S) * C::kStageBytes;
-      F src;
-      src.load(st + C::kAStage + wg * C::kW1, st + C::kAStage + C::kWG * C::kW1 + wg * C::kS1, warp, lane);
       const uint32_t abase = smem_u32(st);
-#pragma unroll
-      for (int kk = 0; kk < F::kSteps; ++kk) {
-        if (kk > 0) wg_wait<1>();  // the group that last read af[kk & 1] is done
-        src.get(kk, af[kk & 1]);
+      // Activation operand of k step kk (32 bytes per step): atom kk / 4, byte offset 32 · (kk % 4)
+      // inside the swizzled row; the lo part (SPLIT) kATile further.
+      auto bdesc = [&](int kk) { return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32); };
+      if constexpr (C::kSS) {
+        // Weight rows 64·mt.. of this warpgroup's swizzled tile.
+        const uint32_t wbase = abase + C::kAStage + wg * C::kW1;
         wg_fence();
-        // 32 bytes per k step: atom kk / 4, byte offset 32 · (kk % 4) inside the swizzled row.
-        const uint64_t desc = wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32);
-        wgmma_rs<WF>(&acc[0][0][0], af[kk & 1][0], desc);
-        wgmma_rs<WF>(&acc[1][0][0], af[kk & 1][1], desc);
-        if constexpr (SPLIT) {
-          const uint64_t dlo = desc + (C::kATile >> 4);
-          wgmma_rs<WF>(&acc[0][0][0], af[kk & 1][0], dlo);
-          wgmma_rs<WF>(&acc[1][0][0], af[kk & 1][1], dlo);
+#pragma unroll
+        for (int kk = 0; kk < F::kSteps; ++kk) {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
+            wgmma_ss<WF>(&acc[mt][0][0], ad, bdesc(kk));
+            if constexpr (SPLIT) wgmma_ss<WF>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
+          }
         }
         wg_commit();
+      } else {
+        F src;
+        src.load(st + C::kAStage + wg * C::kW1, st + C::kAStage + C::kWG * C::kW1 + wg * C::kS1, warp, lane);
+#pragma unroll
+        for (int kk = 0; kk < F::kSteps; ++kk) {
+          if (kk > 0) wg_wait<kInFlight>();  // the group that last read af[kk % kDepth] is done
+          uint32_t (&f)[2][4] = af[kk % kDepth];
+          src.get(kk, f);
+          wg_fence();
+          const uint64_t desc = bdesc(kk);
+          wgmma_rs<WF>(&acc[0][0][0], f[0], desc);
+          wgmma_rs<WF>(&acc[1][0][0], f[1], desc);
+          if constexpr (SPLIT) {
+            const uint64_t dlo = desc + (C::kATile >> 4);
+            wgmma_rs<WF>(&acc[0][0][0], f[0], dlo);
+            wgmma_rs<WF>(&acc[1][0][0], f[1], dlo);
+          }
+          wg_commit();
+        }
       }
     }
   }
   wg_wait<0>();
   cp_async_wait<0>();
-  if (wg_on) store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+  // Rows of this warp's accumulators: register A (the mma.sync layout) 32·warp + 16·mt + ...;
+  // shared-memory A (instruction mt covers tile rows 64·mt..) 64·mt + 16·warp + ...
+  if (wg_on) {
+    if constexpr (C::kSS) store_partials<NT, 64>(a, acc, e, split, n0 + warp * 16, lane, cnt, s_slot, s_arow);
+    else store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+  }
 #else
   (void)a;
   __trap();
