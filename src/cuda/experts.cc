@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/frag_layout.h"
+#include "cuda/gemm_wgmma_host.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
 
@@ -600,8 +601,12 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   // Token tile from the mean tokens per active expert. An expert with more tokens than the tile
   // streams its weights once per tile, so the tile sits well above the mean (the per-expert
   // counts of random routing spread around it); an 8-token tile halves the MMAs of the
-  // memory-bound decode kernels (measured, bench/RESULTS.md 2026-12-01).
-  pl.bt = opt.token_tile ? opt.token_tile : avg <= 4 ? 8 : avg <= 24 ? 16 : avg <= 96 ? 64 : 128;
+  // memory-bound decode kernels (measured, bench/RESULTS.md 2026-12-01). 128-token tiles on the
+  // wgmma kernel take over at the measured per-format crossover (gemm_wgmma_host.h), on the
+  // mma.sync kernel above 96.
+  const bool wg = opt.wgmma && wgmma_supported(wf, af) && wgmma_available();
+  const bool big = wg ? avg >= wgmma_min_tokens_per_expert(wf) : avg > 96;
+  pl.bt = opt.token_tile ? opt.token_tile : big ? 128 : avg <= 4 ? 8 : avg <= 24 ? 16 : 64;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
   const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);
   pl.ks1 = choose_split(est_tiles * (w13.Npad / kBW), w13.Kt, TK);

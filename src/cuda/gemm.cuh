@@ -457,6 +457,9 @@ namespace qmoe::cuda {
 // and the build have it (wgmma_available(), gemm_wgmma.cuh) and `wg` allows.
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  static_assert(WgCfg<WF, SPLIT>::kSupported ==
+                    wgmma_supported(WF, SPLIT ? AFmt::Bf16Split : WF == WFmt::INT8 ? AFmt::Int8 : AFmt::Bf16),
+                "wgmma_supported() must match the kernel's configuration");
   switch (bt) {
     case 8: launch_gemm_t<WF, 8, SPLIT>(a, grid, s); break;
     case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
