@@ -76,7 +76,9 @@ class CudaExperts {
   // Stream-ordered, no host synchronisation, no allocation: capturable in a CUDA graph.
   // d_x [T, H] fp32, d_topk_ids [T, K] int32 (global ids), d_topk_weights [T, K] fp32,
   // d_out [T, H] fp32: out += Σ_k w·expert(x) (or out = … when accumulate is false).
-  // Requires reserve(≥ T, K) first.
+  // Requires reserve(≥ T, K) first. The inputs are not checked: a token whose hidden-state row
+  // (times its routing weight, with router_weight_on_input) holds NaN or ±Inf gets a NaN output
+  // row and leaves every other row as it would be with that row zeroed (docs/DECISIONS.md).
   void run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
                   float* d_out, bool router_weight_on_input, bool accumulate, void* stream) const;
   // The same with the hidden states in the engine's dtype: x_dtype F32, BF16 or F16 ([T, H]

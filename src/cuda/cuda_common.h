@@ -138,14 +138,17 @@ struct AlignArgs {
 constexpr int kMaxLocalExperts = 4096;
 void launch_align(const AlignArgs& a, cudaStream_t s);
 
-// max |x·w| over [T, H] into *amax_bits (must be zeroed first); w = topk_w[t·K] when on_input.
+// max |x·w| over [T, H] into *amax_bits (must be zeroed first), rows holding a non-finite value
+// left out; w = topk_w[t·K] when on_input.
 // Element type of the layer input x (hidden states) as the engine holds it.
 enum class XType : int { F32, BF16, F16 };
 void launch_absmax_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                          unsigned* amax_bits, cudaStream_t s);
 // GEMM1 input: x [T, H] (× topk_w[t·K] when on_input) quantized per token row into `out`.
+// bad[t] ← 1 when token t's row (after the routing weight, when applied on the input) holds a
+// non-finite value; its quantized row is zeros and combine writes its output row as NaN.
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
-                        const RowQuant& q, const RowOut& out, cudaStream_t s);
+                        const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
 // GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
 // With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and
 // launch_quant_rows quantizes afterwards.
@@ -157,7 +160,7 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 // out[t][h] (+)= Σ_k w[t,k] · (Σ_split y2p[split][t·K+k][h] + b2[e][h]) over local slots.
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                     const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
-                    cudaStream_t s);
+                    const int32_t* bad, cudaStream_t s);
 
 // Random fill for benchmarks (device): bytes in [lo, hi] after masking per format, see random_init.cu.
 // Nvfp4KernelScales: E4M3 scales in [lo, hi] in the GEMM's kernel form (frag_layout.h).

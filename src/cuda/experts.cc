@@ -109,6 +109,7 @@ struct CudaExperts::Impl {
   // Work buffers (reserve).
   int max_T = 0, max_K = 0, cap_rows = 0;
   DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
+  DevBuf bad;  // [max_T] token rows with non-finite hidden states (quant_input → combine)
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
   // Host-call staging.
   DevBuf h_x, h_ids, h_w, h_out;
@@ -632,6 +633,7 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.tile_expert.alloc(sizeof(int32_t) * max_tiles);
   m.tile_m0.alloc(sizeof(int32_t) * max_tiles);
   m.num_tiles.alloc(sizeof(int32_t));
+  m.bad.alloc(sizeof(int32_t) * m.max_T);
   const int eb = m.a_elem_bytes();
   const bool split = m.af == AFmt::Bf16Split;
   m.a1_hi.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad * eb);
@@ -713,7 +715,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   }
   const int eb = m.a_elem_bytes();
   RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
-  launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, s);
+  launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
@@ -756,7 +758,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   launch_gemm(m.wf, m.af, pl.bt, m.opt.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
   launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
-                 router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, s);
+                 router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);
 }
 
 void CudaExperts::run_host(const ExpertsArgs& a) const {

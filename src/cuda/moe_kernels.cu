@@ -94,47 +94,62 @@ __device__ __forceinline__ float load_x(const void* x, int64_t i) {
   else return static_cast<const float*>(x)[i];
 }
 
+// One block per token row; a row holding a non-finite value counts as zeros (quant_input_kernel
+// quantizes it as zeros and combine makes its output NaN).
 template <XType X>
 __global__ void absmax_kernel(const void* x, int T, int H, const float* w, int K, bool on_input, unsigned* amax) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
+  const int t = blockIdx.x;
+  const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
   float m = 0.0f;
-  const int64_t n = static_cast<int64_t>(T) * H;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = load_x<X>(x, i);
-    if (on_input) v *= w[(i / H) * K];
+  int nonfinite = 0;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    float v = load_x<X>(x, static_cast<int64_t>(t) * H + h);
+    if (on_input) v *= f;
+    nonfinite |= !isfinite(v);
     m = fmaxf(m, fabsf(v));
   }
+  if (__syncthreads_or(nonfinite)) return;
   m = warp_max(m);
   if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
 }
 
 void launch_absmax_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                          unsigned* amax_bits, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(T) * H;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
   switch (xt) {
-    case XType::F32: launch_pdl(absmax_kernel<XType::F32>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
-    case XType::BF16: launch_pdl(absmax_kernel<XType::BF16>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
-    case XType::F16: launch_pdl(absmax_kernel<XType::F16>, blocks, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+    case XType::F32: launch_pdl(absmax_kernel<XType::F32>, T, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+    case XType::BF16: launch_pdl(absmax_kernel<XType::BF16>, T, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
+    case XType::F16: launch_pdl(absmax_kernel<XType::F16>, T, 256, 0, s, x, T, H, topk_w, K, on_input, amax_bits); break;
   }
 }
 
+// A token row holding a non-finite value (after the routing weight, when applied on the input) is
+// quantized as zeros, so that nothing non-finite reaches the GEMMs or the tensor-wide scales, and
+// flagged in bad[t]: combine_kernel writes its output row as NaN (docs/DECISIONS.md).
 template <XType X>
 __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x, int H, const float* w, int K,
-                                                                  bool on_input, const RowQuant q, const RowOut o) {
+                                                                  bool on_input, const RowQuant q, const RowOut o,
+                                                                  int32_t* bad) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   extern __shared__ float sv[];
   __shared__ float red[32];
   const int t = blockIdx.x;
   const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
+  int nonfinite = 0;
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     const float v = load_x<X>(x, static_cast<int64_t>(t) * H + h);
-    sv[h] = on_input ? v * f : v;
+    const float u = on_input ? v * f : v;
+    nonfinite |= !isfinite(u);
+    sv[h] = u;
   }
-  __syncthreads();
+  const int any = __syncthreads_or(nonfinite);
+  if (any) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) sv[h] = 0.0f;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) bad[t] = any ? 1 : 0;
   quantize_row(sv, H, q, o, t, red);
 }
 
@@ -148,19 +163,19 @@ static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configur
 
 template <XType X>
 void launch_quant_input_t(const void* x, int T, int H, const float* topk_w, int K, bool on_input, const RowQuant& q,
-                          const RowOut& out, cudaStream_t s) {
+                          const RowOut& out, int32_t* bad, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_input_kernel<X>), smem, cfg);
-  launch_pdl(quant_input_kernel<X>, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out);
+  launch_pdl(quant_input_kernel<X>, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out, bad);
 }
 
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
-                        const RowQuant& q, const RowOut& out, cudaStream_t s) {
+                        const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
   switch (xt) {
-    case XType::F32: launch_quant_input_t<XType::F32>(x, T, H, topk_w, K, on_input, q, out, s); break;
-    case XType::BF16: launch_quant_input_t<XType::BF16>(x, T, H, topk_w, K, on_input, q, out, s); break;
-    case XType::F16: launch_quant_input_t<XType::F16>(x, T, H, topk_w, K, on_input, q, out, s); break;
+    case XType::F32: launch_quant_input_t<XType::F32>(x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+    case XType::BF16: launch_quant_input_t<XType::BF16>(x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+    case XType::F16: launch_quant_input_t<XType::F16>(x, T, H, topk_w, K, on_input, q, out, bad, s); break;
   }
 }
 
@@ -263,12 +278,17 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 
 // ---- combine ---------------------------------------------------------------------------------
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
-                               const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate) {
+                               const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
+                               const int32_t* bad) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   const int t = blockIdx.y;
   const int h = blockIdx.x * blockDim.x + threadIdx.x;
   if (h >= H) return;
+  if (bad[t]) {  // non-finite hidden states (quant_input_kernel)
+    out[static_cast<int64_t>(t) * H + h] = __int_as_float(0x7FC00000);
+    return;
+  }
   const int TK = T * K;
   const int64_t split_stride = static_cast<int64_t>(TK) * H;
   float acc = 0.0f;
@@ -288,9 +308,9 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
 
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                     const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
-                    cudaStream_t s) {
+                    const int32_t* bad, cudaStream_t s) {
   launch_pdl(combine_kernel, dim3((H + 255) / 256, T), 256, 0, s, y2p, ksplit, T, K, H, slot_local, topk_w, on_input,
-             b2, out, accumulate);
+             b2, out, accumulate, bad);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 

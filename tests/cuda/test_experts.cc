@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -329,6 +330,72 @@ TEST_P(CudaExpertsEdge, Bf16AndF16InputsEqualF32OfTheSameValues) {
                              static_cast<float*>(da), false, false, nullptr),
                Error);
   for (void* q : {dx16, dx32, dids, dw, da, db}) cudaFree(q);
+}
+// Non-finite hidden states on the unchecked device path (docs/DECISIONS.md): the affected tokens'
+// rows are NaN, every other row is bit-identical to the run with those rows zeroed; both with
+// the routing weight applied after the experts and on the input, accumulating or not.
+TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  for (const bool on_input : {false, true}) {
+    Problem pb;
+    pb.T = 40;
+    pb.K = on_input ? 1 : 2;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
+    for (auto& v : x) v = nd(rng);
+    const ExpertParams p = build_params(spec_of(s, pb), x, pb.T);
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    random_routing(pb.T, pb.K, pb.E, rng, ids, w, {});
+    const std::vector<int> bad_rows = {0, 7, pb.T - 1};
+    std::vector<float> xbad = x, xzero = x;
+    xbad[0 * pb.H + 5] = NAN;
+    xbad[7 * pb.H + 0] = INFINITY;
+    xbad[static_cast<size_t>(pb.T) * pb.H - 1] = -INFINITY;
+    for (int t : bad_rows) std::fill_n(xzero.begin() + static_cast<size_t>(t) * pb.H, pb.H, 0.0f);
+    CudaExperts ce(p, {});
+    ce.reserve(pb.T, pb.K);
+    const size_t n = x.size();
+    float *dx = nullptr, *dw = nullptr, *da = nullptr, *db = nullptr;
+    int32_t* dids = nullptr;
+    ASSERT_EQ(cudaMalloc(&dx, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dids, ids.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&db, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    for (const bool acc : {false, true}) {
+      ASSERT_EQ(cudaMemset(da, 0, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(db, 0, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dx, xbad.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ce.run_device(dx, pb.T, pb.K, dids, dw, da, on_input, acc, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dx, xzero.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ce.run_device(dx, pb.T, pb.K, dids, dw, db, on_input, acc, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> a(n), b(n);
+      ASSERT_EQ(cudaMemcpy(a.data(), da, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b.data(), db, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      const std::string what = std::string(GetParam()) + (on_input ? " on_input" : "") + (acc ? " accumulate" : "");
+      for (int t = 0; t < pb.T; ++t) {
+        const bool is_bad = std::find(bad_rows.begin(), bad_rows.end(), t) != bad_rows.end();
+        const float* ra = a.data() + static_cast<size_t>(t) * pb.H;
+        const float* rb = b.data() + static_cast<size_t>(t) * pb.H;
+        if (is_bad) {
+          EXPECT_TRUE(std::all_of(ra, ra + pb.H, [](float v) { return std::isnan(v); })) << what << " row " << t;
+        } else {
+          EXPECT_EQ(0, std::memcmp(ra, rb, sizeof(float) * pb.H)) << what << " row " << t;
+          EXPECT_TRUE(std::all_of(ra, ra + pb.H, [](float v) { return std::isfinite(v); })) << what << " row " << t;
+        }
+      }
+    }
+    for (void* q : {static_cast<void*>(dx), static_cast<void*>(dids), static_cast<void*>(dw), static_cast<void*>(da),
+                    static_cast<void*>(db)})
+      cudaFree(q);
+  }
 }
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
