@@ -385,7 +385,7 @@ void mx_factors(const uint8_t* sc, int nb, float* f) {
 // (& 0xFFFF0000). No int → float conversion, and every operation stays inside its 128-bit lane, so
 // lanes 0–3 of each of the 8 vectors hold block 2c and lanes 4–7 block 2c + 1: each token's partial
 // sum is multiplied once per chunk by [2^(s_2c−127) × 4 | 2^(s_2c+1−127) × 4] (exact: powers of two).
-// The activations are copied once per call into that register order (kMxfp4wPos).
+// The activations are copied once per call into that register order (Mxfp4wTables::pos).
 struct Mxfp4wTables {
   int8_t lo[16], hi[16];  // bf16 bits of e2m1 code c: low byte, high byte
   uint8_t pos[64];        // register slot v·8 + q of a 64-chunk → stored (fp4 order) position
