@@ -300,10 +300,10 @@ constexpr double post_scale_of() {
   return 1.0;
 }
 
-template <class Dot>
-inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Dot (*dot)[kNR], double post_scale = 1.0) {
+template <class Dot, int C>
+inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Dot (*dot)[C], double post_scale = 1.0) {
   const WeightView& w = *a.w;
-  double ws[kNR], bias[kNR];
+  double ws[C], bias[C];
   for (int i = 0; i < nr; ++i) {
     const int n = n0 + i;
     ws[i] = (w.channel_scale ? static_cast<double>(w.channel_scale[n]) : static_cast<double>(w.tensor_scale)) * post_scale;
@@ -363,6 +363,169 @@ void run_f32(const GemmArgs& a, Make make_dec) {
   }
 }
 
+// E8M0 bytes sc[0..nb) → 2^(s−127) as fp32 bits (s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet
+// NaN 0x7FC00000, e8m0_decode's values), then 16 zeros.
+void mx_factors(const uint8_t* sc, int nb, float* f) {
+  const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255), fix = _mm256_set1_epi32(0x00400000);
+  int b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const __m256i s = _mm256_cvtepu8_epi32(load8(sc + b));
+    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(s, zero), _mm256_cmpeq_epi32(s, ff));
+    const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(s, 23), _mm256_and_si256(special, fix));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + b), bits);
+  }
+  const float* e8 = e8m0_table();
+  for (; b < nb; ++b) f[b] = e8[sc[b]];
+  for (int z = 0; z < 16; ++z) f[nb + z] = 0.0f;
+}
+
+// W4A16 MXFP4 with 1–4 tokens (decode): the nibbles of a 64-chunk (32 bytes) through two vpshufb
+// tables (low and high byte of the code's bf16 value, exact) and vpunpck{l,h}bw give 64 bf16 words;
+// each 256-bit word vector yields two fp32 vectors, even words (<< 16) and odd words
+// (& 0xFFFF0000). No int → float conversion, and every operation stays inside its 128-bit lane, so
+// lanes 0–3 of each of the 8 vectors hold block 2c and lanes 4–7 block 2c + 1: each token's partial
+// sum is multiplied once per chunk by [2^(s_2c−127) × 4 | 2^(s_2c+1−127) × 4] (exact: powers of two).
+// The activations are copied once per call into that register order (Mxfp4wTables::pos).
+struct Mxfp4wTables {
+  int8_t lo[16], hi[16];  // bf16 bits of e2m1 code c: low byte, high byte
+  uint8_t pos[64];        // register slot v·8 + q of a 64-chunk → stored (fp4 order) position
+};
+constexpr Mxfp4wTables make_mxfp4w_tables() {
+  Mxfp4wTables t{};
+  const uint16_t mag[8] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0};
+  for (int c = 0; c < 16; ++c) {
+    const uint16_t b = static_cast<uint16_t>(mag[c & 7] | ((c & 8) ? 0x8000 : 0));
+    t.lo[c] = static_cast<int8_t>(b & 0xFF);
+    t.hi[c] = static_cast<int8_t>(b >> 8);
+  }
+  // Vector v = 4·o + 2·u + e (o: low / high nibble, u: unpacklo / unpackhi, e: even / odd word),
+  // lane q: byte j = 16·(q / 4) + 8·u + 2·(q % 4) + e of the chunk, element 2j + o.
+  for (int v = 0; v < 8; ++v)
+    for (int q = 0; q < 8; ++q) {
+      const int o = v >> 2, u = (v >> 1) & 1, e = v & 1;
+      const int j = 16 * (q / 4) + 8 * u + 2 * (q % 4) + e;
+      const int el = 2 * j + o;  // element of the chunk; its stored position (ActLayout fp4 order):
+      t.pos[8 * v + q] = static_cast<uint8_t>(32 * (el & 1) + 16 * ((el >> 5) & 1) + ((el >> 1) & 15));
+    }
+  return t;
+}
+constexpr Mxfp4wTables kMxfp4w = make_mxfp4w_tables();
+
+template <int NT, int NR, bool kFull>
+__attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const float* const* f, const float* const* act,
+                                                       int k, int K, __m256i tlo, __m256i thi, __m256i m4,
+                                                       __m256 (&acc)[NT][NR]) {
+  const int c = k >> 6;
+  const __m256i lane_block = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+#pragma GCC unroll 2
+  for (int i = 0; i < NR; ++i) {
+    __m256i bytes;
+    if constexpr (kFull) {
+      bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + (k >> 1)));
+    } else {
+      uint8_t tmp[32];
+      bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(rows[i] + (k >> 1), (K - k) >> 1, tmp)));
+    }
+    const __m256i nib[2] = {_mm256_and_si256(bytes, m4), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4)};
+    __m256 w[8];
+    for (int o = 0; o < 2; ++o) {
+      const __m256i l = _mm256_shuffle_epi8(tlo, nib[o]), h = _mm256_shuffle_epi8(thi, nib[o]);
+      const __m256i words[2] = {_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h)};
+      for (int u = 0; u < 2; ++u) {
+        w[4 * o + 2 * u] = _mm256_castsi256_ps(_mm256_slli_epi32(words[u], 16));
+        w[4 * o + 2 * u + 1] = _mm256_castsi256_ps(_mm256_and_si256(words[u], top));
+      }
+    }
+    const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const float* x = act[t] + k;
+      __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+      __m256 p1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(x + 8));
+      p0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), p0);
+      p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p1);
+      p0 = _mm256_fmadd_ps(w[4], _mm256_loadu_ps(x + 32), p0);
+      p1 = _mm256_fmadd_ps(w[5], _mm256_loadu_ps(x + 40), p1);
+      p0 = _mm256_fmadd_ps(w[6], _mm256_loadu_ps(x + 48), p0);
+      p1 = _mm256_fmadd_ps(w[7], _mm256_loadu_ps(x + 56), p1);
+      acc[t][i] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), sv, acc[t][i]);
+    }
+  }
+}
+
+template <int NT>
+void mxfp4w_kernel(const uint8_t* const* rows, const float* const* f, const float* const* act, int K, int64_t pf_dist,
+                   float (*res)[kNR]) {
+  const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4w.lo)));
+  const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4w.hi)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
+  const int kfull = K & ~63;
+  int k = 0;
+  if (pf_dist != 0) {
+    for (; k + 128 <= kfull; k += 128) {
+      for (int i = 0; i < kNR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+      mxfp4w_step<NT, kNR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
+      mxfp4w_step<NT, kNR, true>(rows, f, act, k + 64, K, tlo, thi, m4, acc);
+    }
+  }
+  for (; k < kfull; k += 64) mxfp4w_step<NT, kNR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
+  if (k < K) mxfp4w_step<NT, kNR, false>(rows, f, act, k, K, tlo, thi, m4, acc);
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) res[t][i] = hsum(acc[t][i]);
+}
+
+// MXFP4 weights on the F32 kind: ≤ kNT tokens through mxfp4w_kernel, more through the decoded
+// row buffer of run_f32 (the decode then amortised over the tokens).
+void gemm_mxfp4_f32(const GemmArgs& a) {
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  if (a.ntok > kNT) {
+    const __m256 base = _mm256_loadu_ps(kE2m1Mag);
+    const float* e8 = e8m0_table();
+    run_f32<DecFp4<true>>(a, [&](const int* r) { return DecFp4<true>{row_set(w, r, K / 32), K, e8, 1.0f, base}; });
+    return;
+  }
+  const ActLayout& l = *a.layout;
+  const int nb = K / 32;
+  const int ld = (nb + 16 + 15) / 16 * 16;
+  const int kch = (K + 63) / 64 * 64;  // ≤ k_pad
+  float* factors = static_cast<float*>(
+      thread_scratch_buffer(1, sizeof(float) * (kNR * static_cast<size_t>(ld) + kNT * static_cast<size_t>(kch))));
+  const int64_t pf_dist = prefetch_distance(kNR * w.row_bytes);
+  const float* act[kNT];
+  for (int t = 0; t < a.ntok; ++t) {
+    const float* x = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
+    float* y = factors + kNR * ld + static_cast<int64_t>(t) * kch;
+    for (int c = 0; c < kch; c += 64)
+      for (int q = 0; q < 64; ++q) y[c + q] = x[c + kMxfp4w.pos[q]];
+    act[t] = y;
+  }
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    const uint8_t* rows[kNR];
+    const float* hf[kNR];
+    for (int i = 0; i < kNR; ++i) {
+      const int n = n0 + (i < nr ? i : nr - 1);
+      rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
+      float* f = factors + i * ld;
+      mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
+      hf[i] = f;
+    }
+    float dot[kNT][kNR];
+    switch (a.ntok) {
+      case 1: mxfp4w_kernel<1>(rows, hf, act, K, pf_dist, dot); break;
+      case 2: mxfp4w_kernel<2>(rows, hf, act, K, pf_dist, dot); break;
+      case 3: mxfp4w_kernel<3>(rows, hf, act, K, pf_dist, dot); break;
+      default: mxfp4w_kernel<4>(rows, hf, act, K, pf_dist, dot); break;
+    }
+    epilogue(a, n0, nr, 0, a.ntok, dot);
+  }
+}
+
 void gemm_f32(const GemmArgs& a) {
   const WeightView& w = *a.w;
   const int K = w.cols;
@@ -381,12 +544,7 @@ void gemm_f32(const GemmArgs& a) {
     case WeightFormat::Int8:
       run_f32<DecByte<false>>(a, [&](const int* r) { return DecByte<false>{row_set(w, r, 0), K}; });
       break;
-    case WeightFormat::Mxfp4: {
-      const __m256 base = _mm256_loadu_ps(kE2m1Mag);
-      const float* e8 = e8m0_table();
-      run_f32<DecFp4<true>>(a, [&](const int* r) { return DecFp4<true>{row_set(w, r, K / 32), K, e8, 1.0f, base}; });
-      break;
-    }
+    case WeightFormat::Mxfp4: gemm_mxfp4_f32(a); break;
     case WeightFormat::Nvfp4: {
       const __m256 base = _mm256_loadu_ps(kE2m1Mag);
       const float* f8 = fp8_e4m3_table();
@@ -416,67 +574,120 @@ void gemm_f32(const GemmArgs& a) {
 // those 4 values, ActLayout::corr_off) removes the offset, so every lane is an exact integer partial
 // sum of one block; it is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight
 // block factor) and added to an fp32 accumulator (MX: powers of two, exact products).
+// One token (decode): 4 rows per pass, the token's values, scales and weights read once per chunk;
+// 2–4 tokens: 2 rows, each decoded chunk used for every token.
 const int8_t kE2m1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+constexpr int kFp4Rows = 4;  // rows per block of the W4A4 driver
 
 struct Fp4Rows {
-  const uint8_t* row[kNR];
-  const float* factor[kNR];  // per block: the weight block factor (MX 2^(s−127), NVFP4 fp8(s)·ws2), then ≥ 8 zeros
+  const uint8_t* row[kFp4Rows];
+  const float* factor[kFp4Rows];  // per block: the weight block factor (MX 2^(s−127), NVFP4 fp8(s)·ws2), then ≥ 16 zeros
 };
 
-template <bool kMx, int NT>
-void fp4_kernel(const GemmArgs& a, const Fp4Rows& wr, const uint8_t* const* act, const Prefetch& pf, float (*res)[kNR]) {
-  const ActLayout& l = *a.layout;
-  const int K = a.w->cols;
-  const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2m1x2Plus12)));
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+// One activation row as the W4A4 kernels read it.
+struct Fp4Act {
+  const int8_t* v;     // values, stored order
+  const float* scale;  // per block (≥ 16 zero floats after the last)
+  const int32_t* corr;  // per 4 stored values: −12 · their sum (ActLayout::corr_off)
+};
+
+template <bool kMx>
+struct Fp4Consts {
+  __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2m1x2Plus12)));
+  __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   // Lane → block within the chunk: MX lanes 0–3 block 0, 4–7 block 1; NVFP4 lane j block j / 2.
-  const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-  constexpr int kBlocks = kMx ? 2 : 4;  // blocks per 64-chunk
-  __m256 acc[NT][kNR];
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
-  for (int k = 0; k < K; k += 64) {
-    const int c = k >> 6;
-    const bool full = k + 64 <= K;  // else 32 elements (MX, K % 64 == 32) or 16 / 48 (NVFP4)
-    __m256i wlo[kNR], whi[kNR];
-    __m256 wsv[kNR];
-#pragma GCC unroll 2
-    for (int i = 0; i < kNR; ++i) {
-      pf.at<64>(i, k);
-      const uint8_t* p = wr.row[i] + (k >> 1);
-      __m256i bytes;
-      if (full) {
-        bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      } else {
-        uint8_t tmp[32];
-        bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(p, (K - k) >> 1, tmp)));
-      }
-      wlo[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, m4));
-      whi[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4));
-      wsv[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[i] + c * kBlocks), lane_block);
+  __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  static constexpr int kBlocks = kMx ? 2 : 4;  // blocks per 64-chunk
+};
+
+// 32 weight bytes of chunk k (zero padded past K: code 0 → +12 against zero activations).
+inline __m256i fp4_bytes(const uint8_t* row, int k, int K) {
+  if (k + 64 <= K) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (k >> 1)));
+  uint8_t tmp[32];
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(row + (k >> 1), (K - k) >> 1, tmp)));
+}
+
+// Lane j of chunk k: the correction words of act positions 4j..4j+3 and 32+4j..32+4j+3.
+inline __m256i corr_of(const Fp4Act& a, int k) {
+  const int32_t* p = a.corr + (k >> 2);
+  return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8)));
+}
+
+// One 64-chunk of the W4A4 kernel (kFull: all 64 elements inside K, else zero padded).
+template <bool kMx, int NT, int NR, bool kFull>
+__attribute__((always_inline)) inline void fp4_step(const Fp4Consts<kMx>& cs, const Fp4Rows& wr, int r0, const Fp4Act* act,
+                                                    int k, int K, __m256 (&acc)[NT][NR]) {
+  constexpr int kB = Fp4Consts<kMx>::kBlocks;
+  const int c = k >> 6;
+  auto bytes_of = [&](int i) {
+    if constexpr (kFull) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr.row[r0 + i] + (k >> 1)));
+    uint8_t tmp[32];
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(wr.row[r0 + i] + (k >> 1), (K - k) >> 1, tmp)));
+  };
+  if constexpr (NT == 1) {
+    // The token's chunk first, then each row decoded and used at once (few live registers).
+    const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[0].v + k));
+    const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[0].v + k + 32));
+    const __m256 asv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(act[0].scale + c * kB), cs.lane_block);
+    const __m256i cv = corr_of(act[0], k);
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      const __m256i bytes = bytes_of(i);
+      const __m256i wlo = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(bytes, cs.m4));
+      const __m256i whi = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), cs.m4));
+      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, alo), _mm256_maddubs_epi16(whi, ahi));
+      const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, cs.ones), cv);
+      const __m256 wsv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[r0 + i] + c * kB), cs.lane_block);
+      acc[0][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(asv, wsv), acc[0][i]);
+    }
+  } else {
+    __m256i wlo[NR], whi[NR];
+    __m256 wsv[NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      const __m256i bytes = bytes_of(i);
+      wlo[i] = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(bytes, cs.m4));
+      whi[i] = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), cs.m4));
+      wsv[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[r0 + i] + c * kB), cs.lane_block);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
-      const uint8_t* row = act[t];
-      const int8_t* v = reinterpret_cast<const int8_t*>(row + l.vals_off) + k;
-      const int32_t* corr = reinterpret_cast<const int32_t*>(row + l.corr_off) + (k >> 2);
-      const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
-      const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32));
-      const __m256i cv = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)),
-                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 8)));
-      // Activation block scales of this chunk (the layout keeps ≥ 16 zero floats of slack).
-      const __m256 asv = _mm256_permutevar8x32_ps(
-          _mm256_loadu_ps(reinterpret_cast<const float*>(row + l.scales_off) + c * kBlocks), lane_block);
-#pragma GCC unroll 2
-      for (int i = 0; i < kNR; ++i) {
+      const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].v + k));
+      const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].v + k + 32));
+      const __m256 asv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(act[t].scale + c * kB), cs.lane_block);
+      const __m256i cv = corr_of(act[t], k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) {
         const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo[i], alo), _mm256_maddubs_epi16(whi[i], ahi));
-        const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), cv);
+        const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, cs.ones), cv);
         acc[t][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(asv, wsv[i]), acc[t][i]);
       }
     }
   }
+}
+
+template <bool kMx, int NT, int NR>
+void fp4_kernel(const Fp4Rows& wr, int r0, const Fp4Act* act, int K, int64_t pf_dist, float (*res)[kFp4Rows]) {
+  const Fp4Consts<kMx> cs;
+  __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) res[t][i] = hsum(acc[t][i]);
+    for (int i = 0; i < NR; ++i) acc[t][i] = _mm256_setzero_ps();
+  const int kfull = K & ~63;
+  int k = 0;
+  if (pf_dist != 0) {
+    for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(wr.row[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+      fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k, K, acc);
+      fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k + 64, K, acc);
+    }
+  }
+  for (; k < kfull; k += 64) fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k, K, acc);
+  if (k < K) fp4_step<kMx, NT, NR, false>(cs, wr, r0, act, k, K, acc);
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < NR; ++i) res[t][r0 + i] = hsum(acc[t][i]);
 }
 
 template <bool kMx>
@@ -486,32 +697,54 @@ void gemm_fp4(const GemmArgs& a) {
   const int K = w.cols;
   const int nb = K / (kMx ? 32 : 16);
   const float* table = kMx ? e8m0_table() : fp8_e4m3_table();
-  const int ld = nb + 16;
-  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kNR * static_cast<size_t>(ld)));
-  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
-    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+  const int ld = (nb + 16 + 15) / 16 * 16;
+  const int ntok = a.ntok;
+  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kFp4Rows * static_cast<size_t>(ld)));
+  const int64_t pf_dist = prefetch_distance(kFp4Rows * w.row_bytes);
+  for (int n0 = a.row0; n0 < a.row1; n0 += kFp4Rows) {
+    const int nr = a.row1 - n0 < kFp4Rows ? a.row1 - n0 : kFp4Rows;
     Fp4Rows wr;
-    for (int i = 0; i < kNR; ++i) {
+    for (int i = 0; i < kFp4Rows; ++i) {
       const int n = n0 + (i < nr ? i : nr - 1);
       wr.row[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
-      const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
       float* f = factors + i * ld;
-      for (int b = 0; b < nb; ++b) f[b] = kMx ? table[sc[b]] : table[sc[b]] * w.nv_global;
-      for (int b = nb; b < ld; ++b) f[b] = 0.0f;
       wr.factor[i] = f;
+      if (i >= nr) {
+        wr.factor[i] = factors + (nr - 1) * ld;
+        continue;
+      }
+      const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
+      if (kMx) {
+        mx_factors(sc, nb, f);
+      } else {
+        for (int b = 0; b < nb; ++b) f[b] = table[sc[b]] * w.nv_global;
+        for (int b = nb; b < nb + 16; ++b) f[b] = 0.0f;
+      }
     }
-    const Prefetch pf = prefetch_of(w, n0);
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
-      const uint8_t* act[kNT];
-      for (int t = 0; t < nt; ++t) act[t] = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
-      float res[kNT][kNR];
-      const Prefetch& p = j0 == 0 ? pf : Prefetch{};
+    for (int j0 = 0; j0 < ntok; j0 += kNT) {
+      const int nt = ntok - j0 < kNT ? ntok - j0 : kNT;
+      Fp4Act act[kNT];
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+        act[t] = {reinterpret_cast<const int8_t*>(row + l.vals_off), reinterpret_cast<const float*>(row + l.scales_off),
+                  reinterpret_cast<const int32_t*>(row + l.corr_off)};
+      }
+      float res[kNT][kFp4Rows];
+      const int64_t pf = j0 == 0 ? pf_dist : 0;
       switch (nt) {
-        case 1: fp4_kernel<kMx, 1>(a, wr, act, p, res); break;
-        case 2: fp4_kernel<kMx, 2>(a, wr, act, p, res); break;
-        case 3: fp4_kernel<kMx, 3>(a, wr, act, p, res); break;
-        default: fp4_kernel<kMx, 4>(a, wr, act, p, res); break;
+        case 1: fp4_kernel<kMx, 1, 4>(wr, 0, act, K, pf, res); break;
+        case 2:
+          fp4_kernel<kMx, 2, 2>(wr, 0, act, K, pf, res);
+          if (nr > 2) fp4_kernel<kMx, 2, 2>(wr, 2, act, K, pf, res);
+          break;
+        case 3:
+          fp4_kernel<kMx, 3, 2>(wr, 0, act, K, pf, res);
+          if (nr > 2) fp4_kernel<kMx, 3, 2>(wr, 2, act, K, pf, res);
+          break;
+        default:
+          fp4_kernel<kMx, 4, 2>(wr, 0, act, K, pf, res);
+          if (nr > 2) fp4_kernel<kMx, 4, 2>(wr, 2, act, K, pf, res);
+          break;
       }
       epilogue(a, n0, nr, j0, nt, res);
     }

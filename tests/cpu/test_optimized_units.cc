@@ -350,6 +350,10 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
                                 {DotKind::F32, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
                                 {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64},
+                                {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 96},
+                                {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 256},
+                                {DotKind::F32, WeightFormat::BF16, ActQuant::None, 72},
+                                {DotKind::F32, WeightFormat::BF16, ActQuant::None, 200},
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 96},
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 128},
                                 {DotKind::Bf16, WeightFormat::Mxfp6E2M3, ActQuant::None, 96},
@@ -377,10 +381,18 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
       }
     const int bs = weight_block_size(kc.fmt);
     std::vector<uint8_t> sc(bs ? static_cast<size_t>(rows * (k / bs)) : 0);
-    for (auto& s : sc) s = kc.fmt == WeightFormat::Nvfp4 ? fp8_e4m3_encode(1.0f + 100.0f * std::fabs(nd(rng))) : static_cast<uint8_t>(120 + byte(rng) % 12);
+    // MXFP4 on the F32 kind (fp32 products and sums, in another order than the scalar kernel's):
+    // weights ≤ 6 · 2^-4, so the fp32 rounding of Σ w·x (∝ Σ |w·x|) stays under the absolute floor
+    // of the bound below; at 120 … 131 both the fp32-decode and the bf16-table AVX2 paths exceed it.
+    const int sbase = kc.kind == DotKind::F32 && kc.fmt == WeightFormat::Mxfp4 ? 112 : 120;
+    for (auto& s : sc) s = kc.fmt == WeightFormat::Nvfp4 ? fp8_e4m3_encode(1.0f + 100.0f * std::fabs(nd(rng))) : static_cast<uint8_t>(sbase + byte(rng) % 12);
     if (kc.kind == DotKind::Bf16 && bs > 0) {  // row 5: scale bytes outside the bf16 window (scalar fallback)
       sc[static_cast<size_t>(5 * (k / bs))] = 0;
       sc[static_cast<size_t>(5 * (k / bs) + 1)] = 1;
+    }
+    if (kc.fmt == WeightFormat::Mxfp4) {  // row 7: the E8M0 bytes 0 (2^-127) and 1 (AVX2 builds 2^(s-127) from bits)
+      sc[static_cast<size_t>(7 * (k / bs))] = 0;
+      sc[static_cast<size_t>(7 * (k / bs) + 1)] = 1;
     }
     std::vector<float> chan(static_cast<size_t>(rows)), bias(static_cast<size_t>(rows));
     for (int r = 0; r < rows; ++r) {
@@ -438,8 +450,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
           if (kc.kind == DotKind::I8) {
             ASSERT_EQ(got[i], want[i]) << "I8 is exact; isa " << isa_name(isa) << " i " << i;  // exact int32 dot
           } else {
-            ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0)) << static_cast<int>(kc.kind) << " isa "
-                                                                             << isa_name(isa) << " i " << i;
+            ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0))
+                << static_cast<int>(kc.kind) << " " << to_string(kc.fmt) << " k " << k << " ntok " << nt << " isa "
+                << isa_name(isa) << " i " << i;
           }
         }
         EXPECT_EQ(got[0], 0.0f);  // row 0 not in [row0, row1): untouched
