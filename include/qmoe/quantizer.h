@@ -75,6 +75,13 @@ struct QuantizeOptions {
   int threads = 0;                          // ≤ 0: all hardware threads
   uint64_t shard_size = 5000000000ull;      // bytes per output shard (transformers' "5GB")
   bool progress = true;                     // progress on stderr (a bar on a terminal, else lines)
+  // When set, progress goes to this callback instead of stderr (`progress` is then ignored):
+  // called with the stage ("qmoe quantize: calibrating", "qmoe quantize: <scheme>"), the units
+  // done and the total (source tensor bytes while writing, layers while calibrating) once at the
+  // start of a stage, as work completes and once at its end (done == total). Calls are
+  // serialised but may come from worker threads; an exception thrown by the callback stops the
+  // job (nothing is written into dst) and is rethrown by quantize_checkpoint.
+  std::function<void(const std::string& stage, uint64_t done, uint64_t total)> on_progress;
 };
 
 struct QuantizeReport {
