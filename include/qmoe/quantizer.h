@@ -122,7 +122,7 @@ const SyntheticShape& synthetic_shape(std::string_view name);
 
 // Write a BF16 checkpoint (config.json + model.safetensors) of `shape` into `dir`: one MoE layer
 // (tiny-deepseek: a dense layer 0 and an MoE layer 1 with a shared expert; tiny-qwen2: a shared
-// expert with its gate), expert weights ~ N(0, 0.02) with two outliers (±5σ…15σ) per row, router
+// expert with its gate), expert weights ~ N(0, 0.02) with rare outliers (an element is ±5σ…10σ with probability 1e-4), router
 // ~ N(0, 0.08). `other_modules` adds attention projections, norms, embeddings and lm_head.
 // Deterministic for a seed.
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticShape& shape, uint64_t seed,
