@@ -22,3 +22,14 @@ echo "pip install .: $(( $(date +%s) - t0 ))s"
 if [ -z "${QMOE_CLI:-}" ] && [ -x build/qmoe ]; then export QMOE_CLI=$PWD/build/qmoe; fi
 # From outside the source tree, so `import qmoe` is the installed wheel, not python/qmoe.
 (cd tests/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider .)
+
+# The binding against the CUDA backend, compiled and linked only (no GPU in CI): reuses the
+# CUDA step's build-cuda (.ci/run), where the libraries are already built.
+if [ -x /usr/local/cuda/bin/nvcc ] && [ -f build-cuda/CMakeCache.txt ]; then
+  "$venv/bin/python" -m pip install -q nanobind
+  cmake -S . -B build-cuda -DQMOE_PYTHON=ON -DPython_EXECUTABLE="$venv/bin/python" >/dev/null
+  cmake --build build-cuda --target _qmoe _qmoe_stub
+  "$venv/bin/python" -c 'import sys; sys.path.insert(0, "build-cuda/python"); import _qmoe
+assert _qmoe.has_cuda, "build-cuda/python/_qmoe was built without CUDA"
+print("CUDA binding built; a CUDA device is", "visible" if _qmoe.cuda_available() else "not visible")'
+fi

@@ -102,12 +102,17 @@ def test_layer_argument_errors(qwen3_case, kwargs, words):
         qmoe.open(qwen3_case).layer(**kwargs)
 
 
-def test_cuda_device_without_cuda(qwen3_case):
-    if qmoe.has_cuda:
-        pytest.skip("built with CUDA")
-    with pytest.raises(qmoe.Error, match="without CUDA"):
-        qmoe.open(qwen3_case).layer(0, device="cuda")
-    assert not qmoe.cuda_available()
+def test_cuda_device_without_cuda_or_gpu(qwen3_case):
+    if not qmoe.has_cuda:
+        with pytest.raises(qmoe.Error, match="without CUDA"):
+            qmoe.open(qwen3_case).layer(0, device="cuda")
+        assert not qmoe.cuda_available()
+    elif not qmoe.cuda_available():
+        with pytest.raises(qmoe.Error, match="no CUDA device"):
+            qmoe.open(qwen3_case).layer(0, device="cuda:0")
+    else:
+        with pytest.raises(qmoe.Error, match="CUDA device"):
+            qmoe.open(qwen3_case).layer(0, device="cuda:99")
 
 
 def test_output_unpacks(qwen3_case):
