@@ -75,6 +75,13 @@ struct QuantizeOptions {
   int threads = 0;                          // ≤ 0: all hardware threads
   uint64_t shard_size = 5000000000ull;      // bytes per output shard (transformers' "5GB")
   bool progress = true;                     // progress on stderr (a bar on a terminal, else lines)
+  // When set, progress goes to this callback instead of stderr (`progress` is then ignored):
+  // called with the stage ("qmoe quantize: calibrating", "qmoe quantize: <scheme>"), the units
+  // done and the total (source tensor bytes while writing, layers while calibrating) once at the
+  // start of a stage, as work completes and once at its end (done == total). Calls are
+  // serialised but may come from worker threads; an exception thrown by the callback stops the
+  // job (nothing is written into dst) and is rethrown by quantize_checkpoint.
+  std::function<void(const std::string& stage, uint64_t done, uint64_t total)> on_progress;
 };
 
 struct QuantizeReport {
@@ -115,7 +122,7 @@ const SyntheticShape& synthetic_shape(std::string_view name);
 
 // Write a BF16 checkpoint (config.json + model.safetensors) of `shape` into `dir`: one MoE layer
 // (tiny-deepseek: a dense layer 0 and an MoE layer 1 with a shared expert; tiny-qwen2: a shared
-// expert with its gate), expert weights ~ N(0, 0.02) with two outliers (±5σ…15σ) per row, router
+// expert with its gate), expert weights ~ N(0, 0.02) with rare outliers (an element is ±5σ…10σ with probability 1e-4), router
 // ~ N(0, 0.08). `other_modules` adds attention projections, norms, embeddings and lm_head.
 // Deterministic for a seed.
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticShape& shape, uint64_t seed,

@@ -277,7 +277,7 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
   // ---- calibration (static activation scales) -----------------------------------------------
   if (quantize && act_is_static(scheme.act) && !jobs.empty()) {
     const auto calib = SafetensorsFile::read(opt.calib_path);
-    Progress prog("qmoe quantize: calibrating", calib_layers.size(), opt.progress);
+    Progress prog("qmoe quantize: calibrating", calib_layers.size(), opt.progress, opt.on_progress);
     for (const auto& [layer, shared_q] : calib_layers) {
       int tokens = 0;
       const auto x = calibration_inputs(*calib, layer, cfg.hidden_size, tokens);
@@ -345,7 +345,7 @@ QuantizeReport quantize_checkpoint(const std::string& src_dir, const std::string
   std::map<std::string, std::string> weight_map;
   uint64_t src_total = 0;
   for (const auto& n : names) src_total += ckpt.info(n)->end - ckpt.info(n)->begin;
-  Progress prog(fmt::format("qmoe quantize: {}", scheme.name), src_total, opt.progress);
+  Progress prog(fmt::format("qmoe quantize: {}", scheme.name), src_total, opt.progress, opt.on_progress);
   for (size_t s = 0; s < nshards; ++s) {
     const std::string fname = nshards == 1 ? std::string("model.safetensors")
                                            : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, nshards);

@@ -18,13 +18,21 @@ void status_line(const std::string& msg) {
   std::fflush(stderr);
 }
 
-Progress::Progress(std::string label, uint64_t total, bool enabled)
-    : label_(std::move(label)), total_(total), enabled_(enabled), tty_(enabled && stderr_is_tty()) {
+Progress::Progress(std::string label, uint64_t total, bool enabled, Callback callback)
+    : label_(std::move(label)),
+      total_(total),
+      enabled_(enabled || callback),
+      tty_(enabled && !callback && stderr_is_tty()),
+      callback_(std::move(callback)) {
   start_ = last_draw_ = std::chrono::steady_clock::now();
   if (enabled_) draw(false);
 }
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  // A callback is not called from the destructor (it may throw, and the job is being unwound
+  // when finish() was not reached).
+  if (!callback_) finish();
+}
 
 void Progress::add(uint64_t done) {
   if (!enabled_) return;
@@ -44,6 +52,10 @@ void Progress::finish() {
 }
 
 void Progress::draw(bool final) {
+  if (callback_) {
+    callback_(label_, done_, total_);
+    return;
+  }
   const auto now = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(now - start_).count();
   const double frac = total_ == 0 ? 1.0 : static_cast<double>(done_) / static_cast<double>(total_);

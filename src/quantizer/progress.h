@@ -3,16 +3,19 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
 namespace qmoe::quantizer_detail {
 
-// A bar redrawn in place when stderr is a terminal, otherwise a line at every 25 %.
-// Thread-safe; does nothing when disabled.
+// A bar redrawn in place when stderr is a terminal, otherwise a line at every 25 %; or, with a
+// callback, callback(label, done, total) at the start, on every advance and at the end instead.
+// Thread-safe (callback calls are serialised); does nothing when disabled and without a callback.
 class Progress {
  public:
-  Progress(std::string label, uint64_t total, bool enabled);
+  using Callback = std::function<void(const std::string& label, uint64_t done, uint64_t total)>;
+  Progress(std::string label, uint64_t total, bool enabled, Callback callback = {});
   ~Progress();
   void add(uint64_t done);  // advance by `done` units
   void finish();            // print the final state (idempotent)
@@ -23,6 +26,7 @@ class Progress {
   uint64_t total_ = 0, done_ = 0;
   bool enabled_ = false, tty_ = false, finished_ = false;
   int last_quarter_ = -1;
+  Callback callback_;
   std::chrono::steady_clock::time_point start_, last_draw_;
   std::mutex mu_;
 };

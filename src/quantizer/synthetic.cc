@@ -41,22 +41,25 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return r.next();
 }
 
-// BF16 tensor [rows, cols] ~ N(0, std) with `outliers` entries per row of magnitude 5σ–15σ.
-Tensor random_bf16(int64_t rows, int64_t cols, float stddev, int outliers, uint64_t seed) {
+// BF16 tensor [rows, cols] ~ N(0, std); with `outliers`, rare outliers as trained checkpoints have
+// them: each element is, with probability kOutlierRate, replaced by one of magnitude uniform in
+// [5σ, 10σ] and random sign (about one per 5 rows of 2048; most 32-element blocks have none, so a
+// block scale is set by the Gaussian body as in real weights, not by a planted outlier).
+constexpr double kOutlierRate = 1e-4;
+
+Tensor random_bf16(int64_t rows, int64_t cols, float stddev, bool outliers, uint64_t seed) {
   Tensor t = Tensor::zeros(DType::BF16, {rows, cols});
   auto* p = t.mutable_data_as<uint16_t>();
   quantizer_detail::parallel_for(rows, quantizer_detail::resolve_threads(0), [&](int64_t r) {
     Rng rng{mix(seed, static_cast<uint64_t>(r))};
     uint16_t* row = p + r * cols;
-    for (int64_t c = 0; c < cols; ++c) row[c] = bf16_encode(rng.normal() * stddev);
-    // Outliers: distinct columns, magnitude uniform in [5σ, 15σ], random sign.
-    int64_t prev = -1;
-    for (int k = 0; k < outliers && k < cols; ++k) {
-      int64_t c = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(cols));
-      if (c == prev) c = (c + 1) % cols;
-      prev = c;
-      const float mag = static_cast<float>(5.0 + 10.0 * rng.uniform()) * stddev;
-      row[c] = bf16_encode(rng.uniform() < 0.5 ? -mag : mag);
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = rng.normal() * stddev;
+      if (outliers && rng.uniform() < kOutlierRate) {
+        const float mag = static_cast<float>(5.0 + 5.0 * rng.uniform()) * stddev;
+        v = rng.uniform() < 0.5 ? -mag : mag;
+      }
+      row[c] = bf16_encode(v);
     }
   });
   return t;
@@ -162,20 +165,20 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticShape& s,
   const nlohmann::json cj = synthetic_config(s);
   const ModelConfig cfg = ModelConfig::parse(cj.dump(), "synthetic config.json");
   constexpr float kStd = 0.02f;
-  constexpr int kOutliers = 2;
+  constexpr bool kOutliers = true;
   const int64_t H = s.hidden;
   std::vector<NamedTensor> tensors;
   uint64_t stream = 0;
-  auto add = [&](const std::string& name, int64_t rows, int64_t cols, float stddev, int outliers) {
+  auto add = [&](const std::string& name, int64_t rows, int64_t cols, float stddev, bool outliers) {
     tensors.push_back({name, random_bf16(rows, cols, stddev, outliers, mix(seed, ++stream))});
   };
   auto add_vec = [&](const std::string& name, int64_t n, float stddev) {
-    tensors.push_back({name, random_bf16(1, n, stddev, 0, mix(seed, ++stream)).reshape({n})});
+    tensors.push_back({name, random_bf16(1, n, stddev, false, mix(seed, ++stream)).reshape({n})});
   };
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     if (other_modules) {
       for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
-        add(fmt::format("model.layers.{}.self_attn.{}.weight", layer, p), H, H, kStd, 0);
+        add(fmt::format("model.layers.{}.self_attn.{}.weight", layer, p), H, H, kStd, false);
       add_vec(fmt::format("model.layers.{}.input_layernorm.weight", layer), H, 1.0f);
     }
     const bool moe = std::find(cfg.moe_layers.begin(), cfg.moe_layers.end(), layer) != cfg.moe_layers.end();
@@ -186,11 +189,11 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticShape& s,
       add(fmt::format("model.layers.{}.mlp.down_proj.weight", layer), H, I, kStd, kOutliers);
       continue;
     }
-    add(cfg.router_weight_name(layer), s.experts, H, 4.0f * kStd, 0);
+    add(cfg.router_weight_name(layer), s.experts, H, 4.0f * kStd, false);
     if (!cfg.router_bias_name(layer).empty()) add_vec(cfg.router_bias_name(layer), s.experts, 0.1f);
     if (!cfg.correction_bias_name(layer).empty()) {
       Tensor b = Tensor::zeros(DType::F32, {s.experts});
-      const Tensor r = random_bf16(1, s.experts, 0.05f, 0, mix(seed, ++stream));
+      const Tensor r = random_bf16(1, s.experts, 0.05f, false, mix(seed, ++stream));
       for (int e = 0; e < s.experts; ++e) b.mutable_data_as<float>()[e] = bf16_decode(r.data_as<uint16_t>()[e]);
       tensors.push_back({cfg.correction_bias_name(layer), b});
     }
@@ -200,11 +203,11 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticShape& s,
         if (cfg.expert_bias) add_vec(l.prefix + ".bias", l.out, kStd);
       }
     for (const auto& l : quantizer_detail::shared_expert_linears(cfg, layer)) add(l.prefix + ".weight", l.out, l.in, kStd, kOutliers);
-    if (!cfg.shared_expert_gate_name(layer).empty()) add(cfg.shared_expert_gate_name(layer), 1, H, kStd, 0);
+    if (!cfg.shared_expert_gate_name(layer).empty()) add(cfg.shared_expert_gate_name(layer), 1, H, kStd, false);
   }
   if (other_modules) {
-    add("model.embed_tokens.weight", 256, H, kStd, 0);
-    add("lm_head.weight", 256, H, kStd, 0);
+    add("model.embed_tokens.weight", 256, H, kStd, false);
+    add("lm_head.weight", 256, H, kStd, false);
     add_vec("model.norm.weight", H, 1.0f);
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors);
