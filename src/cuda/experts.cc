@@ -110,6 +110,9 @@ struct CudaExperts::Impl {
   int max_T = 0, max_K = 0, cap_rows = 0;
   DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
   DevBuf bad;  // [max_T] token rows with non-finite hidden states (quant_input → combine)
+  // opt.wgmma and this build's wgmma kernels run on the device: resolved once at construction
+  // (a device-properties query), not per launch.
+  bool wgmma = false;
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
   // Host-call staging.
   DevBuf h_x, h_ids, h_w, h_out;
@@ -424,6 +427,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   m.scheme = &s;
   m.opt = opt;
   m.wf = wfmt_of(s.weight);
+  m.wgmma = opt.wgmma && wgmma_available();
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
   if (int8_w != int8_a)
@@ -605,7 +609,7 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   // memory-bound decode kernels (measured, bench/RESULTS.md 2026-12-01). 128-token tiles on the
   // wgmma kernel take over at the measured per-format crossover (gemm_wgmma_host.h), on the
   // mma.sync kernel above 96.
-  const bool wg = opt.wgmma && wgmma_supported(wf, af) && wgmma_available();
+  const bool wg = wgmma && wgmma_supported(wf, af);
   const bool big = wg ? avg >= wgmma_min_tokens_per_expert(wf) : avg > 96;
   pl.bt = opt.token_tile ? opt.token_tile : big ? 128 : avg <= 4 ? 8 : avg <= 24 ? 16 : 64;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
@@ -747,7 +751,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     return g;
   };
   const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
-  launch_gemm(m.wf, af1, pl.bt, m.opt.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
+  launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
@@ -755,7 +759,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
   const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
-  launch_gemm(m.wf, m.af, pl.bt, m.opt.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
+  launch_gemm(m.wf, m.af, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
   launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
                  router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);

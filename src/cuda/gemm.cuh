@@ -454,7 +454,8 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
 namespace qmoe::cuda {
 
 // Dispatch on the token tile; 128-token tiles run on the warpgroup-MMA kernel where the device
-// and the build have it (wgmma_available(), gemm_wgmma.cuh) and `wg` allows.
+// and the build have it and the caller allows it: `wg` = CudaOptions::wgmma && wgmma_available(),
+// resolved once by the caller (gemm_wgmma_host.h).
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   static_assert(WgCfg<WF, SPLIT>::kSupported ==
@@ -466,7 +467,7 @@ void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t 
     case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
     default:
       if constexpr (WgCfg<WF, SPLIT>::kSupported) {
-        if (wg && wgmma_available()) {
+        if (wg) {
           launch_gemm_wg<WF, SPLIT>(a, grid, s);
           break;
         }
