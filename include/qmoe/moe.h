@@ -75,6 +75,9 @@ struct MoELayerOptions {
   Kernel kernel = Kernel::Optimized;
   int threads = 0;            // ≤ 0: all cores
   ExpertsRunner runner;       // when set, run() computes the experts with it instead of the CPU kernels
+  // from_checkpoint: called on the loaded routed experts before processing (qmoe::dist uses it to
+  // reduce static activation scales over every EP rank's experts).
+  std::function<void(ExpertParams&)> before_process;
 };
 
 class MoELayer {
@@ -93,14 +96,21 @@ class MoELayer {
   void set_kernel(Kernel k) { opt_.kernel = k; }
   void set_threads(int n) { opt_.threads = n; }
   bool has_router() const { return router_weight_.defined(); }
+  const Tensor& shared_gate() const { return shared_gate_; }  // undefined: no gate (weight 1)
 
   // Routing from logits [T, E] (or from hidden states through the router weight) into `ws`.
   void plan(const float* router_logits, int T, MoEWorkspace& ws) const;
   void plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const;
   // out [T, H] = Σ_k w·expert(x) (+ shared expert). Thread-safe for separate workspaces.
   void run(const float* x, MoEWorkspace& ws, float* out) const;
+  // The pieces of run(), for callers that split a layer across ranks (qmoe/dist.h): the routed
+  // experts on given routing (global ids [T, K], experts this rank does not own are skipped) and the
+  // shared expert (none: nothing), each *added* into out [T, H]. Inputs are not checked here.
+  void run_routed(const float* x, int T, const int32_t* topk_ids, const float* topk_weights, float* out) const;
+  void run_shared(const float* x, int T, float* out) const;
 
  private:
+  void dispatch(const ExpertsArgs& a) const;
   ModelConfig cfg_;
   ExpertParams experts_;
   std::optional<ExpertParams> shared_;

@@ -23,6 +23,9 @@ struct LoadOptions {
                                 // permutation of 0..E_loc−1); overrides ep_*
 };
 
+// LoadOptions' EP split as a global → local map [E] (−1: not on rank ep_rank). ep_size > E: qmoe::Error.
+std::vector<int> ep_expert_map(int num_experts, int ep_rank, int ep_size);
+
 // The activation between the GEMMs.
 struct ActivationSpec {
   Activation kind = Activation::Silu;

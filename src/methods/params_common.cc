@@ -89,18 +89,6 @@ void check_options(const LoadOptions& o) {
                             o.ep_size));
 }
 
-// vLLM's contiguous split: base = E / ep, the first E % ep ranks own one more.
-std::vector<int> ep_expert_map(int num_experts, int ep_rank, int ep_size) {
-  if (ep_size > num_experts)
-    throw Error(fmt::format("ep_size {} is larger than the number of experts {}: some ranks would own no expert",
-                            ep_size, num_experts));
-  const int base = num_experts / ep_size, rem = num_experts % ep_size;
-  const int count = base + (ep_rank < rem ? 1 : 0);
-  const int start = ep_rank * base + std::min(ep_rank, rem);
-  std::vector<int> map(static_cast<size_t>(num_experts), -1);
-  for (int i = 0; i < count; ++i) map[static_cast<size_t>(start + i)] = i;
-  return map;
-}
 
 // This rank's slice of I (§7.2; gpt-oss block formats §7.5).
 InterSlice tp_slice(const SchemeInfo& s, int64_t inter, int tp_rank, int tp_size, bool gpt_oss,
@@ -310,6 +298,19 @@ ExpertParams load_shared_expert_params(const Checkpoint& ckpt, const ModelConfig
   p.act_scale_mode = scheme.act_scale_mode;
   load_all(p, ckpt, shards, slice, false, base_of);
   return p;
+}
+
+// vLLM's contiguous split: base = E / ep, the first E % ep ranks own one more.
+std::vector<int> ep_expert_map(int num_experts, int ep_rank, int ep_size) {
+  if (ep_size > num_experts)
+    throw Error(fmt::format("ep_size {} is larger than the number of experts {}: some ranks would own no expert",
+                            ep_size, num_experts));
+  const int base = num_experts / ep_size, rem = num_experts % ep_size;
+  const int count = base + (ep_rank < rem ? 1 : 0);
+  const int start = ep_rank * base + std::min(ep_rank, rem);
+  std::vector<int> map(static_cast<size_t>(num_experts), -1);
+  for (int i = 0; i < count; ++i) map[static_cast<size_t>(start + i)] = i;
+  return map;
 }
 
 }  // namespace qmoe

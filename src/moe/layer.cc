@@ -44,6 +44,7 @@ MoELayer MoELayer::from_checkpoint(const std::string& dir, int layer, const MoEL
   const Checkpoint ckpt = Checkpoint::open(dir);
   const LayerScheme scheme = resolve_moe_scheme(cfg, layer);
   ExpertParams experts = load_expert_params(ckpt, cfg, scheme, layer, opt.load);
+  if (opt.before_process) opt.before_process(experts);
   std::optional<ExpertParams> shared;
   if (cfg.shared_expert_intermediate_size > 0) {
     const LayerScheme sscheme = resolve_shared_expert_scheme(cfg, layer);
@@ -123,49 +124,62 @@ void MoELayer::run(const float* x, MoEWorkspace& ws, float* out) const {
   // The checked entry point: non-finite hidden states are refused (docs/DECISIONS.md).
   check_finite_rows(x, T, H, "hidden_states", "run");
   std::fill(out, out + static_cast<size_t>(T) * H, 0.0f);
+  run_routed(x, T, ws.topk_ids.data(), ws.topk_weights.data(), out);
+  // With expert parallelism the shared expert is added on EP rank 0 only, so the sum over ranks
+  // counts it once.
+  if (opt_.load.ep_rank == 0) run_shared(x, T, out);
+}
 
-  auto dispatch = [&](const ExpertsArgs& a) {
-    if (opt_.runner)
-      opt_.runner(a);
-    else if (opt_.kernel == Kernel::Reference)
-      experts_reference(a);
-    else
-      experts_optimized(a, opt_.threads);
-  };
+void MoELayer::dispatch(const ExpertsArgs& a) const {
+  if (opt_.runner)
+    opt_.runner(a);
+  else if (opt_.kernel == Kernel::Reference)
+    experts_reference(a);
+  else
+    experts_optimized(a, opt_.threads);
+}
+
+void MoELayer::run_routed(const float* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                          float* out) const {
+  if (T < 1) return;
   ExpertsArgs a;
   a.params = &experts_;
   a.x = x;
   a.T = T;
-  a.K = K;
-  a.topk_ids = ws.topk_ids.data();
-  a.topk_weights = ws.topk_weights.data();
+  a.K = cfg_.top_k;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_weights;
   a.router_weight_on_input = cfg_.routing.apply_router_weight_on_input;
   a.out = out;
   dispatch(a);
+}
 
-  // The shared expert: every token, weight 1 (or sigmoid(x·g) with a Qwen2-MoE gate). With expert
-  // parallelism it is added on EP rank 0 only, so the sum over ranks counts it once.
-  if (shared_ && opt_.load.ep_rank == 0) {
-    std::vector<int32_t> ids(static_cast<size_t>(T), 0);
-    std::vector<float> w(static_cast<size_t>(T), 1.0f);
-    if (shared_gate_.defined()) {
-      const std::vector<float> g = to_f32(shared_gate_, "shared_expert_gate weight");
-      for (int t = 0; t < T; ++t) {
-        double acc = 0.0;
-        for (int h = 0; h < H; ++h)
-          acc += static_cast<double>(x[static_cast<size_t>(t) * H + h] * g[static_cast<size_t>(h)]);
-        const float v = static_cast<float>(acc);
-        w[static_cast<size_t>(t)] = 1.0f / (1.0f + std::exp(-v));
-      }
+// The shared expert: every token, weight 1 (or sigmoid(x·g) with a Qwen2-MoE gate).
+void MoELayer::run_shared(const float* x, int T, float* out) const {
+  if (!shared_ || T < 1) return;
+  const int H = experts_.hidden;
+  std::vector<int32_t> ids(static_cast<size_t>(T), 0);
+  std::vector<float> w(static_cast<size_t>(T), 1.0f);
+  if (shared_gate_.defined()) {
+    const std::vector<float> g = to_f32(shared_gate_, "shared_expert_gate weight");
+    for (int t = 0; t < T; ++t) {
+      double acc = 0.0;
+      for (int h = 0; h < H; ++h)
+        acc += static_cast<double>(x[static_cast<size_t>(t) * H + h] * g[static_cast<size_t>(h)]);
+      const float v = static_cast<float>(acc);
+      w[static_cast<size_t>(t)] = 1.0f / (1.0f + std::exp(-v));
     }
-    ExpertsArgs sa = a;
-    sa.params = &*shared_;
-    sa.K = 1;
-    sa.topk_ids = ids.data();
-    sa.topk_weights = w.data();
-    sa.router_weight_on_input = false;
-    dispatch(sa);
   }
+  ExpertsArgs sa;
+  sa.params = &*shared_;
+  sa.x = x;
+  sa.T = T;
+  sa.K = 1;
+  sa.topk_ids = ids.data();
+  sa.topk_weights = w.data();
+  sa.router_weight_on_input = false;
+  sa.out = out;
+  dispatch(sa);
 }
 
 }  // namespace qmoe
