@@ -60,11 +60,19 @@ else
 fi
 
 # ---- configure + build ----------------------------------------------------------------------------
+# NCCL for the multi-GPU communicators: the toolkit's, else the device image's nvidia-nccl wheel.
+# NVLink multicast stays off (the GPU machines require it).
+export NCCL_NVLS_ENABLE=0
+if [ -z "${QMOE_NCCL_ROOT:-}" ]; then
+  QMOE_NCCL_ROOT=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  export QMOE_NCCL_ROOT
+fi
 # CMake < 3.26 does not know the c++20 flag for nvcc; naming it is harmless on newer versions.
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CUDA_ARCHS=90a \
   -DQMOE_BUILD_TESTS=ON -DQMOE_BUILD_BENCH=ON \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
+grep -E "qmoe: NCCL" "$LOGS/configure.log" || true
 t0=$(date +%s)
 cmake --build "$BUILD" --target test_cuda bench_cuda -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
   grep -E "error|Error" "$LOGS/build.log" | head -40

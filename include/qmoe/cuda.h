@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "qmoe/moe.h"
 #include "qmoe/params.h"
@@ -59,9 +60,11 @@ class CudaExperts {
  public:
   explicit CudaExperts(const ExpertParams& p, const CudaOptions& opt = {});
   // Random parameters generated on the device (benchmarks): codes uniform over the finite values
-  // of the format, plausible scales. `act` gives the activation; E_loc = E.
+  // of the format, plausible scales. `act` gives the activation; E_loc = E, or with `expert_map`
+  // ([E] global → local, −1 = not here) the experts it maps (an EP rank's share).
   static CudaExperts random(const SchemeInfo& scheme, int num_experts, int hidden, int inter,
-                            const ActivationSpec& act, uint64_t seed, const CudaOptions& opt = {});
+                            const ActivationSpec& act, uint64_t seed, const CudaOptions& opt = {},
+                            const std::vector<int>& expert_map = {});
   ~CudaExperts();
   CudaExperts(CudaExperts&&) noexcept;
   CudaExperts& operator=(CudaExperts&&) noexcept;

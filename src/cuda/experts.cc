@@ -522,17 +522,33 @@ CudaExperts::CudaExperts(const ExpertParams& p, const CudaOptions& opt) : impl_(
 }
 
 CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden, int inter, const ActivationSpec& act,
-                                uint64_t seed, const CudaOptions& opt) {
+                                uint64_t seed, const CudaOptions& opt, const std::vector<int>& expert_map) {
   CudaExperts ce;
   Impl& m = *ce.impl_;
   init_common(m, s, act, opt);
-  m.E = m.E_loc = num_experts;
+  m.E = num_experts;
   m.H = hidden;
   m.I = inter;
-  if (m.E <= 0 || m.E > kMaxLocalExperts || m.H <= 0 || m.I <= 0 || m.H % 64 || m.I % 64)
-    throw Error("CUDA experts (random): need 0 < E ≤ 4096 and H, I multiples of 64");
+  if (m.E <= 0 || m.H <= 0 || m.I <= 0 || m.H % 64 || m.I % 64)
+    throw Error("CUDA experts (random): need E > 0 and H, I multiples of 64");
   std::vector<int32_t> map(static_cast<size_t>(m.E));
-  for (int e = 0; e < m.E; ++e) map[e] = e;
+  if (expert_map.empty()) {
+    for (int e = 0; e < m.E; ++e) map[e] = e;
+    m.E_loc = m.E;
+  } else {
+    if (static_cast<int>(expert_map.size()) != m.E)
+      throw Error("CUDA experts (random): expert_map has " + std::to_string(expert_map.size()) + " entries, expected E=" +
+                  std::to_string(m.E));
+    m.E_loc = 0;
+    for (int e = 0; e < m.E; ++e) {
+      map[e] = expert_map[static_cast<size_t>(e)];
+      if (map[e] >= 0) ++m.E_loc;
+    }
+    for (int e = 0; e < m.E; ++e)
+      if (map[e] >= m.E_loc) throw Error("CUDA experts (random): expert_map is not a map onto 0..E_loc-1");
+  }
+  if (m.E_loc <= 0 || m.E_loc > kMaxLocalExperts)
+    throw Error("CUDA experts (random): need 0 < E_loc <= " + std::to_string(kMaxLocalExperts));
   m.expert_map.alloc(sizeof(int32_t) * m.E, false);
   QMOE_CUDA_CHECK(cudaMemcpy(m.expert_map.get(), map.data(), sizeof(int32_t) * m.E, cudaMemcpyHostToDevice));
   uint64_t sd = seed * 1000003ull;
@@ -544,8 +560,8 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
     d.Kt = d.Kpad / stage_k(m.wf);                           // the activation operand is zero there
     d.row_bytes = packed_row_bytes(m.wf, d.Kpad);
     d.expert_stride = d.row_bytes * d.Npad;
-    d.w.alloc(static_cast<size_t>(d.expert_stride) * m.E, false);
-    const int64_t n = d.expert_stride * m.E;
+    d.w.alloc(static_cast<size_t>(d.expert_stride) * m.E_loc, false);
+    const int64_t n = d.expert_stride * m.E_loc;
     // Element magnitude ~ 1/sqrt(K) so that the intermediate stays O(1).
     const float amp = 1.0f / std::sqrt(static_cast<float>(K));
     switch (m.wf) {
@@ -556,27 +572,27 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
     const int spb = scale_bytes_per_stage(m.wf);
     if (spb > 0) {
       d.sc_expert_stride = int64_t{d.Kt} * d.Npad * spb;
-      d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * m.E, false);
+      d.scales.alloc(static_cast<size_t>(d.sc_expert_stride) * m.E_loc, false);
       if (m.wf == WFmt::NVFP4) {
-        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::Nvfp4KernelScales, ++sd, 0.5f, 2.0f,
+        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E_loc, RandKind::Nvfp4KernelScales, ++sd, 0.5f, 2.0f,
                            nullptr);
       } else {
         // E8M0 bytes c ± 1 (shift 0), stored in kernel form s + 126 (FP4, E2M3) / 124 (E3M2).
         const float c = 127.0f + std::round(std::log2(amp / 2.5f)) + (m.wf == WFmt::MXFP6_E3M2 ? 124.0f : 126.0f);
-        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E, RandKind::E8M0Scales, ++sd, c - 1, c + 1, nullptr);
+        launch_random_fill(d.scales.get(), d.sc_expert_stride * m.E_loc, RandKind::E8M0Scales, ++sd, c - 1, c + 1, nullptr);
       }
     }
     if (s.weight_scale == WeightScale::PerChannel) {
-      d.colscale.alloc(sizeof(float) * m.E * d.Npad, false);
-      launch_random_fill(d.colscale.get(), int64_t{m.E} * d.Npad, RandKind::F32Values, ++sd, 0.5f * amp / 64,
+      d.colscale.alloc(sizeof(float) * m.E_loc * d.Npad, false);
+      launch_random_fill(d.colscale.get(), int64_t{m.E_loc} * d.Npad, RandKind::F32Values, ++sd, 0.5f * amp / 64,
                          1.5f * amp / 64, nullptr);
     }
-    std::vector<float> f(static_cast<size_t>(m.E), 1.0f);
+    std::vector<float> f(static_cast<size_t>(m.E_loc), 1.0f);
     if (s.weight_scale == WeightScale::PerTensor) std::fill(f.begin(), f.end(), amp / 64);
     if (s.weight_scale == WeightScale::Nvfp4)
       std::fill(f.begin(), f.end(), amp / 2.5f * 672.0f / 4.0f * kNvfp4EpilogueScale);
-    d.escale.alloc(sizeof(float) * m.E, false);
-    QMOE_CUDA_CHECK(cudaMemcpy(d.escale.get(), f.data(), sizeof(float) * m.E, cudaMemcpyHostToDevice));
+    d.escale.alloc(sizeof(float) * m.E_loc, false);
+    QMOE_CUDA_CHECK(cudaMemcpy(d.escale.get(), f.data(), sizeof(float) * m.E_loc, cudaMemcpyHostToDevice));
   };
   fill_proj(m.w13, 2 * m.I, m.H);
   fill_proj(m.w2, m.H, m.I);

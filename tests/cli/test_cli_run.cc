@@ -133,6 +133,23 @@ TEST_F(CliRun, TensorAndExpertParallelRanks) {
   check_output(path("ep.safetensors"), name, "expected_ep2_rank0");
 }
 
+TEST_F(CliRun, AllRanksOfALayoutInOneProcess) {
+  // --ep / --tp run every rank here and write the whole layer's output: the case's expected output.
+  const std::string name = "mixtral_int8_wtensor_astatic";  // static scales: gathered over the EP ranks
+  const std::string in = case_dir(name) + "/io.safetensors";
+  for (const char* layout : {"--ep 2", "--ep 3 --dispatch all-gather", "--ep 2 --tp 2", "--tp 2"}) {
+    const std::string out = path("all.safetensors");
+    const Cmd c = run(case_dir(name) + " --layer 0 -i " + in + " -o " + out + " --kernel reference " + layout);
+    ASSERT_EQ(c.rc, 0) << layout << ": " << c.err;
+    check_output(out, name, "expected");
+  }
+  expect_failure(case_dir(name) + " -i " + in + " --ep 2 --ep-size 2", "exclude each other");
+  expect_failure(case_dir(name) + " -i " + in + " --ep 99", "larger than the layer's");
+  expect_failure(case_dir(name) + " -i " + in + " --ep 0", "at least 1");
+  expect_failure(case_dir(name) + " -i " + in + " --devices cuda:0", "--device cuda");
+  expect_failure(case_dir(name) + " -i " + in + " --ep 2 --dispatch broadcast", "dispatch");
+}
+
 TEST_F(CliRun, InputErrors) {
   const std::string model = case_dir("qwen3_w_mxfp4");
   const auto io = SafetensorsFile::open(model + "/io.safetensors");

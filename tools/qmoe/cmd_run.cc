@@ -1,12 +1,19 @@
 // qmoe run MODEL_DIR --layer L --input IN.safetensors -o OUT.safetensors [--device cpu]
 //          [--kernel reference|optimized] [--threads N] [--tp-rank r --tp-size n] [--ep-rank r --ep-size n]
+//          [--ep N --tp M [--devices cuda:0,cuda:1,...] [--dispatch all-to-all|all-gather]]
 // Runs one MoE layer. Input: `hidden_states` [T, H] BF16 or F32 and optionally `router_logits`
 // [T, E] F32 (else the logits are computed with the checkpoint's router weight). Output:
-// `output` [T, H] F32 (this rank's partial sum under TP / EP), `topk_ids` [T, K] I32,
-// `topk_weights` [T, K] F32, written atomically (nothing is written on error).
+// `output` [T, H] F32 (this rank's partial sum under --tp-rank / --ep-rank; the whole layer under
+// --ep / --tp, which run every rank in this process: EP ranks take contiguous chunks of the
+// tokens, TP ranks of one EP rank the same chunk; on the CPU over the in-process group, on GPUs over
+// NCCL, rank w = e·tp + t on the w-th listed device), `topk_ids` [T, K] I32, `topk_weights` [T, K]
+// F32, written atomically (nothing is written on error).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +22,7 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "qmoe/config.h"
+#include "qmoe/dist.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
 #include "qmoe/moe_input.h"
@@ -22,6 +30,7 @@
 #include "util/files.h"
 #ifdef QMOE_HAVE_CUDA
 #include "qmoe/cuda.h"
+#include "qmoe/cuda_dist.h"
 #endif
 
 namespace qmoe::cli {
@@ -36,7 +45,127 @@ struct RunOptions {
   std::string kernel = "optimized";
   int threads = 0;
   int tp_rank = 0, tp_size = 1, ep_rank = 0, ep_size = 1;
+  int ep = 1, tp = 1;            // run all ranks of this layout here
+  std::string devices;           // "cuda:0,cuda:1" (with --ep / --tp)
+  std::string dispatch = "all-to-all";
 };
+
+// "cuda:0,cuda:1" → {0, 1}; `n` devices are needed (empty: cuda:0 .. n−1).
+std::vector<int> parse_devices(const std::string& list, int n) {
+  std::vector<int> out;
+  if (list.empty()) {
+    for (int i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    int idx = -1;
+    if (item.rfind("cuda:", 0) == 0 && item.size() > 5 && item.find_first_not_of("0123456789", 5) == std::string::npos)
+      idx = std::stoi(item.substr(5));
+    if (idx < 0)
+      throw Error(fmt::format("--devices: '{}' is not a device; expected a comma-separated list like cuda:0,cuda:1",
+                              item));
+    if (std::find(out.begin(), out.end(), idx) != out.end())
+      throw Error(fmt::format("--devices lists cuda:{} twice; NCCL needs one GPU per rank", idx));
+    out.push_back(idx);
+    pos = comma + 1;
+  }
+  if (static_cast<int>(out.size()) != n)
+    throw Error(fmt::format("--devices lists {} devices; --ep x --tp = {} ranks need one each", out.size(), n));
+  return out;
+}
+
+// Every rank of an ep × tp layout on its own thread; out [T, H] is the whole layer's output.
+void run_all_ranks(const RunOptions& o, int layer_index, const std::vector<float>& hidden, const float* logits,
+                   int T, int E, std::vector<float>& out, std::vector<int32_t>& ids, std::vector<float>& weights,
+                   int& K, std::string& scheme_name, int& hidden_size) {
+  const dist::DistOptions dopt{o.ep, o.tp,
+                               o.dispatch == "all-gather" ? dist::ExpertDispatch::AllGather
+                                                          : dist::ExpertDispatch::AllToAll};
+  const int world = o.ep * o.tp;
+  const bool cuda = o.device == "cuda";
+  std::vector<int> devices;
+  if (cuda) devices = parse_devices(o.devices, world);
+  // Communicators: one per EP row (same tp rank) and per TP column (same ep rank).
+  const dist::RankLayout lay{o.ep, o.tp};
+  std::vector<std::vector<std::unique_ptr<dist::Communicator>>> ep_groups(static_cast<size_t>(o.tp)),
+      tp_groups(static_cast<size_t>(o.ep));
+  auto make = [&](const std::vector<int>& members) {
+#ifdef QMOE_HAVE_CUDA
+    if (cuda) {
+      std::vector<int> devs;
+      for (int w : members) devs.push_back(devices[static_cast<size_t>(w)]);
+      return cuda::nccl_communicators(devs);
+    }
+#endif
+    return dist::make_in_process_group(static_cast<int>(members.size()));
+  };
+  for (int t = 0; t < o.tp; ++t) ep_groups[static_cast<size_t>(t)] = make(lay.ep_group(t));
+  for (int e = 0; e < o.ep; ++e) tp_groups[static_cast<size_t>(e)] = make(lay.tp_group(e * o.tp));
+  // Tokens: contiguous chunks per EP rank, the first T % ep ranks one more.
+  auto chunk = [&](int e) {
+    const int base = T / o.ep, rem = T % o.ep;
+    const int b = e * base + std::min(e, rem);
+    return std::pair<int, int>{b, b + base + (e < rem ? 1 : 0)};
+  };
+  ids.assign(static_cast<size_t>(T) * K, 0);
+  weights.assign(static_cast<size_t>(T) * K, 0.0f);
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  for (int w = 0; w < world; ++w)
+    threads.emplace_back([&, w] {
+      try {
+        const int e = lay.ep_rank(w), t = lay.tp_rank(w);
+        dist::Communicator& epc = *ep_groups[static_cast<size_t>(t)][static_cast<size_t>(e)];
+        dist::Communicator& tpc = *tp_groups[static_cast<size_t>(e)][static_cast<size_t>(t)];
+        const auto [b, en] = chunk(e);
+        const int n = en - b;
+        const float* x = n ? hidden.data() + static_cast<size_t>(b) * hidden_size : nullptr;
+        const float* lg = n && logits ? logits + static_cast<size_t>(b) * E : nullptr;
+        std::vector<float> part(static_cast<size_t>(n) * hidden_size);
+        MoEWorkspace ws;
+        const MoELayer* layer = nullptr;
+        std::unique_ptr<dist::DistributedMoE> cpu_layer;
+#ifdef QMOE_HAVE_CUDA
+        std::unique_ptr<cuda::CudaDistributedMoE> gpu_layer;
+        if (cuda) {
+          cuda::CudaOptions copt;
+          copt.device = devices[static_cast<size_t>(w)];
+          gpu_layer = std::make_unique<cuda::CudaDistributedMoE>(o.dir, layer_index, epc, tpc, dopt, copt);
+          gpu_layer->forward_host(x, lg, n, ws, part.data());
+          layer = &gpu_layer->layer();
+        }
+#endif
+        if (!cuda) {
+          MoELayerOptions base;
+          base.kernel = o.kernel == "reference" ? Kernel::Reference : Kernel::Optimized;
+          const int threads = bounded_threads(o.threads);
+          const unsigned hc = std::thread::hardware_concurrency();
+          base.threads = std::max(1, (threads > 0 ? threads : static_cast<int>(hc == 0 ? 1 : hc)) / world);
+          cpu_layer = std::make_unique<dist::DistributedMoE>(o.dir, layer_index, epc, tpc, dopt, base);
+          cpu_layer->forward(x, lg, n, ws, part.data());
+          layer = &cpu_layer->layer();
+        }
+        if (t != 0) return;  // every TP rank holds the same rows
+        std::lock_guard<std::mutex> lock(mu);
+        if (w == 0) scheme_name = layer->experts().scheme->name;
+        std::copy(part.begin(), part.end(), out.begin() + static_cast<ptrdiff_t>(b) * hidden_size);
+        std::copy(ws.topk_ids.begin(), ws.topk_ids.end(), ids.begin() + static_cast<ptrdiff_t>(b) * ws.K);
+        std::copy(ws.topk_weights.begin(), ws.topk_weights.end(), weights.begin() + static_cast<ptrdiff_t>(b) * ws.K);
+      } catch (const std::exception& ex) {
+        errors[static_cast<size_t>(w)] = ex.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  // The first rank's own error, not the "another rank gave up" echoes of it.
+  for (const std::string& e : errors)
+    if (!e.empty() && e.find("gave up") == std::string::npos) throw Error(e);
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+}
 
 void check_rank(const char* what, int rank, int size) {
   if (size < 1) throw Error(fmt::format("--{}-size must be at least 1, got {}", what, size));
@@ -48,6 +177,13 @@ void run_command(const RunOptions& o) {
   // Every option is checked before any file is read.
   check_rank("tp", o.tp_rank, o.tp_size);
   check_rank("ep", o.ep_rank, o.ep_size);
+  const bool all_ranks = o.ep > 1 || o.tp > 1 || !o.devices.empty();
+  if (o.ep < 1 || o.tp < 1) throw Error(fmt::format("--ep and --tp must be at least 1, got --ep {} --tp {}", o.ep, o.tp));
+  if (all_ranks && (o.tp_size > 1 || o.ep_size > 1))
+    throw Error("--ep / --tp (run every rank here) and --ep-size / --tp-size (one rank's partial output) exclude each "
+                "other");
+  if (!o.devices.empty() && o.device != "cuda")
+    throw Error("--devices lists GPUs; add --device cuda (or leave --devices out to run the ranks on the CPU)");
   if (o.device == "cuda") {
 #ifdef QMOE_HAVE_CUDA
     if (!cuda::available()) throw Error("--device cuda: no CUDA device is visible; use --device cpu");
@@ -70,6 +206,33 @@ void run_command(const RunOptions& o) {
   } else {
     const ModelConfig cfg = ModelConfig::load(o.dir);
     layer_index = cfg.moe_layers.empty() ? 0 : cfg.moe_layers.front();
+  }
+  if (all_ranks) {
+    const ModelConfig cfg = ModelConfig::load(o.dir);
+    const int E = cfg.num_experts;
+    dist::validate_layout({o.ep, o.tp, dist::ExpertDispatch::AllToAll}, E);
+    if (H != cfg.hidden_size)
+      throw Error(fmt::format("input {}: 'hidden_states' has hidden size {}; {} has hidden_size {}", o.input, H, o.dir,
+                              cfg.hidden_size));
+    if (input.router_logits && input.logit_cols != E)
+      throw Error(fmt::format("input {}: 'router_logits' is F32 [{}, {}]; expected F32 [{}, {}] ({} has {} experts)",
+                              o.input, T, input.logit_cols, T, E, o.dir, E));
+    std::vector<float> out(static_cast<size_t>(T) * static_cast<size_t>(H));
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    int K = cfg.top_k, hs = static_cast<int>(H);
+    std::string scheme_name;
+    run_all_ranks(o, layer_index, hidden, input.router_logits ? input.router_logits->data() : nullptr,
+                  static_cast<int>(T), E, out, ids, weights, K, scheme_name, hs);
+    Tensor tids = Tensor::zeros(DType::I32, {T, K});
+    std::memcpy(tids.mutable_data(), ids.data(), ids.size() * sizeof(int32_t));
+    write_safetensors(o.output, {{"output", Tensor::from_f32(out, {T, H})},
+                                 {"topk_ids", tids},
+                                 {"topk_weights", Tensor::from_f32(weights, {T, K})}});
+    fmt::print("layer {} ({}): {} tokens, top-{} of {} experts, {} ranks (ep {} x tp {}, {}, {}) -> {}\n",
+               layer_index, scheme_name, T, K, E, o.ep * o.tp, o.ep, o.tp, o.dispatch,
+               o.device == "cuda" ? "NCCL" : "CPU in-process", o.output);
+    return;
   }
   MoELayerOptions opt;
   opt.load.tp_rank = o.tp_rank;
@@ -138,6 +301,11 @@ void register_run(CLI::App& app) {
   sub->add_option("--tp-size", o->tp_size, "tensor-parallel size");
   sub->add_option("--ep-rank", o->ep_rank, "expert-parallel rank");
   sub->add_option("--ep-size", o->ep_size, "expert-parallel size");
+  sub->add_option("--ep", o->ep, "run all ranks here: expert-parallel ranks (tokens split among them)");
+  sub->add_option("--tp", o->tp, "run all ranks here: tensor-parallel ranks per EP rank");
+  sub->add_option("--devices", o->devices, "GPUs of the ranks with --device cuda, e.g. cuda:0,cuda:1 (default cuda:0..)");
+  sub->add_option("--dispatch", o->dispatch, "EP token exchange: all-to-all (default) | all-gather (the baseline)")
+      ->check(CLI::IsMember({"all-to-all", "all-gather"}));
   sub->callback([o] { run_command(*o); });
 }
 
