@@ -33,6 +33,9 @@ struct ActivationSpec {
   float alpha = 1.702f;                // swigluoai
   std::optional<float> limit;          // swigluoai 7.0; for silu an optional swiglu_limit
 };
+// The activation of a model's MoE layers (cfg.activation, swiglu_alpha, swiglu_limit); `interleaved`:
+// w13 rows alternate gate / up (gpt-oss). The one source of the spec for the loader and calibration.
+ActivationSpec activation_spec_of(const ModelConfig& cfg, bool interleaved);
 
 // Parameters of the routed experts (or of a shared expert: E = 1) of one layer, on one rank.
 // Shapes are the seed's parameter shapes; packed(d) = d/2 (fp4) or 3d/4 (fp6).

@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kNR = 2;
 constexpr int kNT = 4;
+constexpr int kFp4Rows = 4;  // rows per pass of the one-token MXFP4 drivers (W4A4, W4A16)
 constexpr int64_t kPrefetchBytes = 8192;  // see Prefetch
 
 float bits_to_float(uint32_t u) {
@@ -411,118 +412,183 @@ constexpr Mxfp4wTables make_mxfp4w_tables() {
 }
 constexpr Mxfp4wTables kMxfp4w = make_mxfp4w_tables();
 
+// The 64 weights of one chunk (32 bytes) as 8 fp32 vectors in register order (exact).
+__attribute__((always_inline)) inline void mxfp4w_decode(__m256i bytes, __m256i tlo, __m256i thi, __m256i m4, __m256* w) {
+  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m256i nib[2] = {_mm256_and_si256(bytes, m4), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4)};
+  for (int o = 0; o < 2; ++o) {
+    const __m256i l = _mm256_shuffle_epi8(tlo, nib[o]), h = _mm256_shuffle_epi8(thi, nib[o]);
+    const __m256i words[2] = {_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h)};
+    for (int u = 0; u < 2; ++u) {
+      w[4 * o + 2 * u] = _mm256_castsi256_ps(_mm256_slli_epi32(words[u], 16));
+      w[4 * o + 2 * u + 1] = _mm256_castsi256_ps(_mm256_and_si256(words[u], top));
+    }
+  }
+}
+
+template <bool kFull>
+__attribute__((always_inline)) inline __m256i mxfp4w_bytes(const uint8_t* row, int k, int K) {
+  if constexpr (kFull) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (k >> 1)));
+  uint8_t tmp[32];
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(row + (k >> 1), (K - k) >> 1, tmp)));
+}
+
 template <int NT, int NR, bool kFull>
 __attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const float* const* f, const float* const* act,
                                                        int k, int K, __m256i tlo, __m256i thi, __m256i m4,
                                                        __m256 (&acc)[NT][NR]) {
   const int c = k >> 6;
   const __m256i lane_block = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-#pragma GCC unroll 2
-  for (int i = 0; i < NR; ++i) {
-    __m256i bytes;
-    if constexpr (kFull) {
-      bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + (k >> 1)));
-    } else {
-      uint8_t tmp[32];
-      bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(rows[i] + (k >> 1), (K - k) >> 1, tmp)));
-    }
-    const __m256i nib[2] = {_mm256_and_si256(bytes, m4), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4)};
-    __m256 w[8];
-    for (int o = 0; o < 2; ++o) {
-      const __m256i l = _mm256_shuffle_epi8(tlo, nib[o]), h = _mm256_shuffle_epi8(thi, nib[o]);
-      const __m256i words[2] = {_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h)};
-      for (int u = 0; u < 2; ++u) {
-        w[4 * o + 2 * u] = _mm256_castsi256_ps(_mm256_slli_epi32(words[u], 16));
-        w[4 * o + 2 * u + 1] = _mm256_castsi256_ps(_mm256_and_si256(words[u], top));
-      }
-    }
-    const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+  if constexpr (NT == 1) {
+    // One token: its chunk loaded once for the NR rows; four partial sums per row (short chains).
+    __m256 x[8];
+    for (int j = 0; j < 8; ++j) x[j] = _mm256_loadu_ps(act[0] + k + 8 * j);
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      const float* x = act[t] + k;
-      __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-      __m256 p1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(x + 8));
-      p0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), p0);
-      p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p1);
-      p0 = _mm256_fmadd_ps(w[4], _mm256_loadu_ps(x + 32), p0);
-      p1 = _mm256_fmadd_ps(w[5], _mm256_loadu_ps(x + 40), p1);
-      p0 = _mm256_fmadd_ps(w[6], _mm256_loadu_ps(x + 48), p0);
-      p1 = _mm256_fmadd_ps(w[7], _mm256_loadu_ps(x + 56), p1);
-      acc[t][i] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), sv, acc[t][i]);
+    for (int i = 0; i < NR; ++i) {
+      __m256 w[8];
+      mxfp4w_decode(mxfp4w_bytes<kFull>(rows[i], k, K), tlo, thi, m4, w);
+      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+      __m256 p0 = _mm256_mul_ps(w[0], x[0]);
+      __m256 p1 = _mm256_mul_ps(w[1], x[1]);
+      __m256 p2 = _mm256_mul_ps(w[2], x[2]);
+      __m256 p3 = _mm256_mul_ps(w[3], x[3]);
+      p0 = _mm256_fmadd_ps(w[4], x[4], p0);
+      p1 = _mm256_fmadd_ps(w[5], x[5], p1);
+      p2 = _mm256_fmadd_ps(w[6], x[6], p2);
+      p3 = _mm256_fmadd_ps(w[7], x[7], p3);
+      acc[0][i] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3)), sv, acc[0][i]);
+    }
+  } else {
+#pragma GCC unroll 2
+    for (int i = 0; i < NR; ++i) {
+      __m256 w[8];
+      mxfp4w_decode(mxfp4w_bytes<kFull>(rows[i], k, K), tlo, thi, m4, w);
+      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const float* x = act[t] + k;
+        __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+        __m256 p1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(x + 8));
+        p0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), p0);
+        p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p1);
+        p0 = _mm256_fmadd_ps(w[4], _mm256_loadu_ps(x + 32), p0);
+        p1 = _mm256_fmadd_ps(w[5], _mm256_loadu_ps(x + 40), p1);
+        p0 = _mm256_fmadd_ps(w[6], _mm256_loadu_ps(x + 48), p0);
+        p1 = _mm256_fmadd_ps(w[7], _mm256_loadu_ps(x + 56), p1);
+        acc[t][i] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), sv, acc[t][i]);
+      }
     }
   }
 }
 
-template <int NT>
+inline __m256i mxfp4w_table(const int8_t* t) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+// NR rows (the first `nr` of `rows` / `f` real) × NT tokens; res[t][i] for i < NR.
+template <int NT, int NR>
 void mxfp4w_kernel(const uint8_t* const* rows, const float* const* f, const float* const* act, int K, int64_t pf_dist,
-                   float (*res)[kNR]) {
-  const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4w.lo)));
-  const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4w.hi)));
+                   float (*res)[kFp4Rows]) {
+  const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[NT][kNR];
+  __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
+    for (int i = 0; i < NR; ++i) acc[t][i] = _mm256_setzero_ps();
   const int kfull = K & ~63;
   int k = 0;
   if (pf_dist != 0) {
     for (; k + 128 <= kfull; k += 128) {
-      for (int i = 0; i < kNR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + pf_dist + (k >> 1)), _MM_HINT_T0);
-      mxfp4w_step<NT, kNR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
-      mxfp4w_step<NT, kNR, true>(rows, f, act, k + 64, K, tlo, thi, m4, acc);
+      for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+      mxfp4w_step<NT, NR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
+      mxfp4w_step<NT, NR, true>(rows, f, act, k + 64, K, tlo, thi, m4, acc);
     }
   }
-  for (; k < kfull; k += 64) mxfp4w_step<NT, kNR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
-  if (k < K) mxfp4w_step<NT, kNR, false>(rows, f, act, k, K, tlo, thi, m4, acc);
+  for (; k < kfull; k += 64) mxfp4w_step<NT, NR, true>(rows, f, act, k, K, tlo, thi, m4, acc);
+  if (k < K) mxfp4w_step<NT, NR, false>(rows, f, act, k, K, tlo, thi, m4, acc);
   for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) res[t][i] = hsum(acc[t][i]);
+    for (int i = 0; i < NR; ++i) res[t][i] = hsum(acc[t][i]);
 }
 
-// MXFP4 weights on the F32 kind: ≤ kNT tokens through mxfp4w_kernel, more through the decoded
-// row buffer of run_f32 (the decode then amortised over the tokens).
+// MXFP4 weights on the F32 kind. The token rows are copied once per call (per tile of up to
+// kMxfp4wTile tokens) into the register order of mxfp4w_decode (Mxfp4wTables::pos). One token: 4
+// rows per pass through mxfp4w_kernel; 2–4 tokens: 2 rows; more: each pair of rows decoded once
+// per tile (× block factor, exact: powers of two) into a row buffer in that order, then the F32
+// kernel over the buffer for every 4 tokens.
+constexpr int kMxfp4wTile = 128;
 void gemm_mxfp4_f32(const GemmArgs& a) {
   const WeightView& w = *a.w;
   const int K = w.cols;
-  if (a.ntok > kNT) {
-    const __m256 base = _mm256_loadu_ps(kE2m1Mag);
-    const float* e8 = e8m0_table();
-    run_f32<DecFp4<true>>(a, [&](const int* r) { return DecFp4<true>{row_set(w, r, K / 32), K, e8, 1.0f, base}; });
-    return;
-  }
   const ActLayout& l = *a.layout;
   const int nb = K / 32;
   const int ld = (nb + 16 + 15) / 16 * 16;
   const int kch = (K + 63) / 64 * 64;  // ≤ k_pad
-  float* factors = static_cast<float*>(
-      thread_scratch_buffer(1, sizeof(float) * (kNR * static_cast<size_t>(ld) + kNT * static_cast<size_t>(kch))));
-  const int64_t pf_dist = prefetch_distance(kNR * w.row_bytes);
-  const float* act[kNT];
-  for (int t = 0; t < a.ntok; ++t) {
-    const float* x = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
-    float* y = factors + kNR * ld + static_cast<int64_t>(t) * kch;
-    for (int c = 0; c < kch; c += 64)
-      for (int q = 0; q < 64; ++q) y[c + q] = x[c + kMxfp4w.pos[q]];
-    act[t] = y;
-  }
-  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
-    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
-    const uint8_t* rows[kNR];
-    const float* hf[kNR];
-    for (int i = 0; i < kNR; ++i) {
-      const int n = n0 + (i < nr ? i : nr - 1);
-      rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
-      float* f = factors + i * ld;
-      mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
-      hf[i] = f;
+  const int rows_per_pass = a.ntok == 1 ? kFp4Rows : kNR;
+  const int tile = a.ntok < kMxfp4wTile ? a.ntok : kMxfp4wTile;
+  float* factors = static_cast<float*>(thread_scratch_buffer(
+      1, sizeof(float) * (kFp4Rows * static_cast<size_t>(ld) + static_cast<size_t>(tile) * static_cast<size_t>(kch))));
+  float* xperm = factors + kFp4Rows * ld;
+  float* buf = tile > kNT ? static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kch))) : nullptr;
+  const int64_t pf_dist = prefetch_distance(rows_per_pass * w.row_bytes);
+  const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lane_block = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  for (int t0 = 0; t0 < a.ntok; t0 += kMxfp4wTile) {
+    const int ntt = a.ntok - t0 < kMxfp4wTile ? a.ntok - t0 : kMxfp4wTile;
+    for (int t = 0; t < ntt; ++t) {
+      const float* x =
+          reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t0 + t]) * l.stride + l.vals_off);
+      float* y = xperm + static_cast<int64_t>(t) * kch;
+      for (int c = 0; c < kch; c += 64)
+        for (int q = 0; q < 64; ++q) y[c + q] = x[c + kMxfp4w.pos[q]];
     }
-    float dot[kNT][kNR];
-    switch (a.ntok) {
-      case 1: mxfp4w_kernel<1>(rows, hf, act, K, pf_dist, dot); break;
-      case 2: mxfp4w_kernel<2>(rows, hf, act, K, pf_dist, dot); break;
-      case 3: mxfp4w_kernel<3>(rows, hf, act, K, pf_dist, dot); break;
-      default: mxfp4w_kernel<4>(rows, hf, act, K, pf_dist, dot); break;
+    for (int n0 = a.row0; n0 < a.row1; n0 += rows_per_pass) {
+      const int nr = a.row1 - n0 < rows_per_pass ? a.row1 - n0 : rows_per_pass;
+      const uint8_t* rows[kFp4Rows];
+      const float* hf[kFp4Rows];
+      for (int i = 0; i < rows_per_pass; ++i) {
+        const int n = n0 + (i < nr ? i : nr - 1);
+        rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
+        float* f = factors + i * ld;
+        if (i < nr) mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
+        hf[i] = i < nr ? f : hf[nr - 1];
+      }
+      if (ntt <= kNT) {
+        const float* act[kNT];
+        for (int t = 0; t < ntt; ++t) act[t] = xperm + static_cast<int64_t>(t) * kch;
+        float dot[kNT][kFp4Rows];
+        switch (ntt) {
+          case 1:
+            if (rows_per_pass == kFp4Rows) mxfp4w_kernel<1, kFp4Rows>(rows, hf, act, K, pf_dist, dot);
+            else mxfp4w_kernel<1, kNR>(rows, hf, act, K, pf_dist, dot);
+            break;
+          case 2: mxfp4w_kernel<2, kNR>(rows, hf, act, K, pf_dist, dot); break;
+          case 3: mxfp4w_kernel<3, kNR>(rows, hf, act, K, pf_dist, dot); break;
+          default: mxfp4w_kernel<4, kNR>(rows, hf, act, K, pf_dist, dot); break;
+        }
+        epilogue(a, n0, nr, t0, ntt, dot);
+        continue;
+      }
+      for (int i = 0; i < kNR; ++i) {
+        float* b = buf + static_cast<int64_t>(i) * kch;
+        for (int k = 0; k < kch; k += 64) {
+          if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+          __m256 wv[8];
+          const __m256i bytes = k + 64 <= K ? mxfp4w_bytes<true>(rows[i], k, K) : mxfp4w_bytes<false>(rows[i], k, K);
+          mxfp4w_decode(bytes, tlo, thi, m4, wv);
+          const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(hf[i] + 2 * (k >> 6)), lane_block);
+          for (int j = 0; j < 8; ++j) _mm256_storeu_ps(b + k + 8 * j, _mm256_mul_ps(wv[j], sv));
+        }
+      }
+      const DecBuf bdec{buf, kch};
+      for (int j0 = 0; j0 < ntt; j0 += kNT) {
+        const int nt = ntt - j0 < kNT ? ntt - j0 : kNT;
+        const float* act[kNT];
+        for (int t = 0; t < nt; ++t) act[t] = xperm + static_cast<int64_t>(j0 + t) * kch;
+        float bdot[kNT][kNR];
+        f32_group(bdec, Prefetch{}, act, nt, kch, bdot);
+        epilogue(a, n0, nr, t0 + j0, nt, bdot);
+      }
     }
-    epilogue(a, n0, nr, 0, a.ntok, dot);
   }
 }
 
@@ -577,7 +643,6 @@ void gemm_f32(const GemmArgs& a) {
 // One token (decode): 4 rows per pass, the token's values, scales and weights read once per chunk;
 // 2–4 tokens: 2 rows, each decoded chunk used for every token.
 const int8_t kE2m1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-constexpr int kFp4Rows = 4;  // rows per block of the W4A4 driver
 
 struct Fp4Rows {
   const uint8_t* row[kFp4Rows];

@@ -115,15 +115,6 @@ InterSlice tp_slice(const SchemeInfo& s, int64_t inter, int tp_rank, int tp_size
   return {per_rank * tp_rank, per_rank};
 }
 
-ActivationSpec activation_of(const ModelConfig& cfg, bool interleaved) {
-  ActivationSpec a;
-  a.kind = cfg.activation;
-  a.interleaved = interleaved;
-  a.alpha = cfg.swiglu_alpha;
-  a.limit = cfg.swiglu_limit;
-  return a;
-}
-
 void check_layer(const ModelConfig& cfg, const LayerScheme& scheme, int layer) {
   if (scheme.scheme == nullptr)
     throw Error(fmt::format("layer {}: the layer scheme is unresolved (no SchemeInfo)", layer));
@@ -212,6 +203,15 @@ namespace qmoe {
 
 using namespace methods;
 
+ActivationSpec activation_spec_of(const ModelConfig& cfg, bool interleaved) {
+  ActivationSpec a;
+  a.kind = cfg.activation;
+  a.interleaved = interleaved;
+  a.alpha = cfg.swiglu_alpha;
+  a.limit = cfg.swiglu_limit;
+  return a;
+}
+
 ExpertParams create_expert_params(const SchemeInfo& scheme, int num_experts, const std::vector<int>& expert_map,
                                   int hidden, int inter_per_rank, bool has_bias, const ActivationSpec& act) {
   if (num_experts < 1) throw Error(fmt::format("number of experts must be >= 1, got {}", num_experts));
@@ -265,7 +265,7 @@ ExpertParams load_expert_params(const Checkpoint& ckpt, const ModelConfig& cfg, 
                    fmt::format("the experts of layer {} ('{}')", layer, prefix));
 
   ExpertParams p = create_expert_params(*scheme.scheme, E, map, cfg.hidden_size, static_cast<int>(slice.len),
-                                        cfg.expert_bias, activation_of(cfg, gpt_oss));
+                                        cfg.expert_bias, activation_spec_of(cfg, gpt_oss));
   p.inter_full = cfg.moe_intermediate_size;
   p.tp_rank = opt.tp_rank;
   p.tp_size = opt.tp_size;
@@ -290,7 +290,7 @@ ExpertParams load_shared_expert_params(const Checkpoint& ckpt, const ModelConfig
                    base_of, fmt::format("the shared expert of layer {} ('{}')", layer, prefix));
   // The shared expert is replicated on every EP rank: E = 1, always local.
   ExpertParams p = create_expert_params(*scheme.scheme, 1, {0}, cfg.hidden_size, static_cast<int>(slice.len), false,
-                                        activation_of(cfg, false));
+                                        activation_spec_of(cfg, false));
   p.inter_full = cfg.shared_expert_intermediate_size;
   p.tp_rank = opt.tp_rank;
   p.tp_size = opt.tp_size;

@@ -1,5 +1,6 @@
 // Static activation calibration: route the calibration tokens with the source router, run each
-// expert's GEMM1 + activation in fp32 with the unquantized weights, record input amaxes.
+// expert's GEMM1 in fp32 with the unquantized weights and the reference's gated activation
+// (ref::apply_activation_row), record input amaxes.
 #include "quantizer/calibration.h"
 
 #include <fmt/format.h>
@@ -7,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/ref/ref_ops.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
+#include "qmoe/params.h"
 #include "quantizer/names.h"
 #include "quantizer/parallel.h"
 
@@ -24,30 +27,6 @@ float dot(const float* a, const float* b, int64_t n) {
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-float activation(const ModelConfig& cfg, float g, float u) {
-  switch (cfg.activation) {
-    case Activation::Silu:
-      if (cfg.swiglu_limit) {
-        const float l = *cfg.swiglu_limit;
-        g = std::min(g, l);
-        u = std::clamp(u, -l, l);
-      }
-      return g / (1.0f + std::exp(-g)) * u;
-    case Activation::Gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)) * u;
-    case Activation::GeluTanh: {
-      const float k = 0.79788456080286536f;  // sqrt(2/pi)
-      return 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
-    }
-    case Activation::SwigluOai: {
-      const float l = cfg.swiglu_limit.value_or(7.0f);
-      g = std::min(g, l);
-      u = std::clamp(u, -l, l);
-      return (u + 1.0f) * g / (1.0f + std::exp(-cfg.swiglu_alpha * g));
-    }
-  }
-  return 0.0f;
 }
 
 // Weight [out, in] of `prefix` as fp32, checking the shape.
@@ -89,7 +68,10 @@ ExpertInputAmax measure_expert(const Checkpoint& ckpt, const ModelConfig& cfg, c
     bg.assign(static_cast<size_t>(I), 0.0f);
     bu.assign(static_cast<size_t>(I), 0.0f);
   }
-  std::vector<float> xt(static_cast<size_t>(H));
+  // The gated activation is the reference's (ref::apply_activation_row on a GEMM1 output row
+  // laid out as the loaded w13: gate rows then up rows, or interleaved gate / up).
+  const ActivationSpec act = activation_spec_of(cfg, interleaved);
+  std::vector<float> xt(static_cast<size_t>(H)), y1(static_cast<size_t>(2 * I)), z(static_cast<size_t>(I));
   for (size_t k = 0; k < toks.size(); ++k) {
     const float* row = x.data() + static_cast<int64_t>(toks[k]) * H;
     const float s = scale.empty() ? 1.0f : scale[k];
@@ -97,17 +79,17 @@ ExpertInputAmax measure_expert(const Checkpoint& ckpt, const ModelConfig& cfg, c
       xt[static_cast<size_t>(h)] = row[h] * s;
       r.gemm1 = std::max(r.gemm1, std::fabs(xt[static_cast<size_t>(h)]));
     }
-    for (int64_t j = 0; j < I; ++j) {
-      float g, u;
-      if (interleaved) {
-        g = dot(xt.data(), wg.data() + (2 * j) * H, H) + bg[static_cast<size_t>(2 * j)];
-        u = dot(xt.data(), wg.data() + (2 * j + 1) * H, H) + bg[static_cast<size_t>(2 * j + 1)];
-      } else {
-        g = dot(xt.data(), wg.data() + j * H, H) + bg[static_cast<size_t>(j)];
-        u = dot(xt.data(), wu.data() + j * H, H) + bu[static_cast<size_t>(j)];
+    if (interleaved) {
+      for (int64_t n = 0; n < 2 * I; ++n)
+        y1[static_cast<size_t>(n)] = dot(xt.data(), wg.data() + n * H, H) + bg[static_cast<size_t>(n)];
+    } else {
+      for (int64_t j = 0; j < I; ++j) {
+        y1[static_cast<size_t>(j)] = dot(xt.data(), wg.data() + j * H, H) + bg[static_cast<size_t>(j)];
+        y1[static_cast<size_t>(I + j)] = dot(xt.data(), wu.data() + j * H, H) + bu[static_cast<size_t>(j)];
       }
-      r.gemm2 = std::max(r.gemm2, std::fabs(activation(cfg, g, u)));
     }
+    ref::apply_activation_row(act, y1.data(), static_cast<int>(I), z.data());
+    for (int64_t j = 0; j < I; ++j) r.gemm2 = std::max(r.gemm2, std::fabs(z[static_cast<size_t>(j)]));
   }
   return r;
 }

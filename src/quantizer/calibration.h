@@ -1,5 +1,5 @@
 // Static activation calibration (internal): the amax of every expert linear's input over the
-// calibration tokens, computed in fp32 with the unquantized weights.
+// calibration tokens: GEMM1 in fp32 with the unquantized weights, the reference's gated activation.
 #pragma once
 
 #include <memory>
