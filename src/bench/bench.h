@@ -141,7 +141,9 @@ Report run_cpu(const Plan& plan);
 Report run_cuda(const Plan& plan);
 bool cuda_built_in();
 
-nlohmann::json to_json(const Report& r);  // an array, one object per point
+// An array, one object per point: the common fields, then Report::device_fields (a CUDA point
+// carries every key of a CPU point, null where it does not apply, plus its own).
+nlohmann::json to_json(const Report& r);
 void print_table(const Report& r);        // stdout: one row per point, then (CUDA) the summary table
 // Two panels: µs per layer (log) and % of the measured read bandwidth, vs tokens (log).
 std::string svg(const Report& r);

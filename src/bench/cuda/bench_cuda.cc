@@ -29,6 +29,7 @@
 
 #include "bench/bench.h"
 #include "bench/cuda/bench_kernels.h"
+#include "cpu/membw.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
@@ -381,7 +382,14 @@ Report run_cuda(const Plan& plan) {
                        {"bandwidth_probe_bytes", bw.bytes},
                        {"bandwidth_max_gbps", bw.max_gbps},
                        {"bandwidth_runs", bw.runs},
-                       {"floor_bandwidth_gbps", kH200BytesPerS / 1e9}};
+                       {"floor_bandwidth_gbps", kH200BytesPerS / 1e9},
+                       // The CPU runner's fields, so that a CUDA point carries every CPU key: the
+                       // GPU's last-level cache is its L2; host threads and ISA do not apply.
+                       {"llc_bytes", prop.l2CacheSize},
+                       {"llc_from_sysfs", false},
+                       {"cpu", cpu::cpu_model_name()},
+                       {"threads", nullptr},
+                       {"isa", nullptr}};
   const int max_T = plan.tokens.back();
 
   for (size_t si = 0; si < plan.shapes.size(); ++si) {
