@@ -12,8 +12,10 @@
 //  * the in-run anchor: the same shape's two GEMMs in bf16 through cuBLAS (GEMM1 [n_e, H] × [H, 2I],
 //    GEMM2 [n_e, I] × [I, H] for every touched expert e with its n_e tokens; no activation, no
 //    routing, no combine), bf16 weights rotated the same way, timed the same way.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#if QMOE_BENCH_CUBLAS
+#include <cublas_v2.h>
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -187,6 +189,7 @@ std::vector<double> time_replays(const std::function<void()>& calls, int reps, c
   return ms;
 }
 
+#if QMOE_BENCH_CUBLAS
 const char* cublas_status(cublasStatus_t s) {
   switch (s) {
     case CUBLAS_STATUS_SUCCESS: return "success";
@@ -331,12 +334,14 @@ class CublasAnchor {
   DevBuf x_, c1_, a2_, c2_;
   int use_grouped_ = -1;
 };
+#endif  // QMOE_BENCH_CUBLAS
 
 struct Stream {
   cudaStream_t s = nullptr;
   Stream() { QB_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
   ~Stream() { cudaStreamDestroy(s); }
 };
+#if QMOE_BENCH_CUBLAS
 struct Cublas {
   cublasHandle_t h = nullptr;
   DevBuf ws;
@@ -349,6 +354,7 @@ struct Cublas {
   }
   ~Cublas() { cublasDestroy(h); }
 };
+#endif
 
 }  // namespace
 
@@ -366,8 +372,12 @@ Report run_cuda(const Plan& plan) {
   const Probe bw = measure_read_bandwidth(o.probe_gib, stream.s);
   fmt::print(stderr, "qmoe bench:   read bandwidth {:.0f} GB/s (median of {}; max {:.0f}) over {:.2f} GiB\n", bw.median_gbps,
              bw.runs, bw.max_gbps, static_cast<double>(bw.bytes) / 1073741824.0);
+#if QMOE_BENCH_CUBLAS
   std::unique_ptr<Cublas> blas;
   if (o.anchor) blas = std::make_unique<Cublas>(stream.s);
+#else
+  if (o.anchor) fmt::print(stderr, "qmoe bench: WARNING: built without cuBLAS (CMake found no CUDA::cublas): no anchor\n");
+#endif
 
   Report rep;
   rep.device = "cuda";
@@ -414,6 +424,7 @@ Report run_cuda(const Plan& plan) {
       random_routing(o.seed * 7919 + 131 * si + static_cast<uint64_t>(T), T, E, sh.K, routing[T].first, routing[T].second);
 
     std::map<int, double> anchor_us;
+#if QMOE_BENCH_CUBLAS
     if (blas) {
       try {
         fmt::print(stderr, "qmoe bench: {} cuBLAS bf16 anchor (E={} K={} H={} I={})...\n", sh.name, E, sh.K, sh.H, sh.I);
@@ -427,6 +438,7 @@ Report run_cuda(const Plan& plan) {
         fmt::print(stderr, "qmoe bench: WARNING: cuBLAS anchor of {} skipped: {}\n", sh.name, e.what());
       }
     }
+#endif
 
     for (const SchemeEntry& entry : plan.schemes) {
       const SchemeInfo& sc = *entry.scheme;
