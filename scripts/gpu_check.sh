@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # `make gpu-check`, for a machine with an NVIDIA Hopper GPU (H100 / H200):
-#   1. configure + build the CUDA backend (Release, sm_90a, all cores): test_cuda and bench_cuda;
+#   1. configure + build the CUDA backend (Release, sm_90a, all cores): test_cuda, the qmoe CLI, bench_cuda;
 #   2. run test_cuda (every scheme × activation vs the CPU reference, edge cases, conformance cases);
-#   3. run the GPU benchmarks (bench_cuda: whole-layer µs, GB/s, TFLOP/s, % of the performance.md floor);
+#   3. run the GPU benchmarks through the CLI: `qmoe bench --device cuda` over the four standard shapes,
+#      T = 1,16,64,256,1024,4096 and every registry scheme (plus w_mxfp4+bf16act, unquantized+bf16act):
+#      whole-layer µs, GB/s, TFLOP/s, % of the performance.md §4 floor, the card's measured read
+#      bandwidth, the cuBLAS bf16 grouped-GEMM anchor; CSV (bench_cuda's columns), JSON and SVG;
 #   4. print a short summary table LAST.
 #
 # Environment:
 #   CUDA_BUILD   build directory (default: build-cuda)
 #   JOBS         parallel compile jobs (default: all cores)
-#   BENCH_ARGS   extra arguments for bench_cuda (e.g. "--shapes qwen3-30b-a3b --tokens 1,16")
+#   BENCH_ARGS   extra arguments for `qmoe bench --device cuda`, appended (later options win), e.g.
+#                "--shapes qwen3-30b-a3b --tokens 1,16" or "--schemes w_mxfp4_a_mxfp4,nvfp4"
 #   SKIP_TESTS=1 / SKIP_BENCH=1 to skip a step
-#   GPU_CHECK_OUT  where logs and the CSV go (default: $CUDA_BUILD/gpu-check)
+#   GPU_CHECK_OUT  where logs, bench_cuda.csv / .json / .svg go (default: $CUDA_BUILD/gpu-check)
 #   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest / RE2 (usr/include, usr/lib/...),
 #                for machines without those packages and without network (default: build-deps/usr
 #                when it exists). Make one on a Debian/Ubuntu box with scripts/gpu_deps.sh.
@@ -74,13 +78,13 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CU
   "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
 grep -E "qmoe: NCCL" "$LOGS/configure.log" || true
 t0=$(date +%s)
-cmake --build "$BUILD" --target test_cuda bench_cuda -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
+cmake --build "$BUILD" --target test_cuda qmoe_cli bench_cuda -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
   grep -E "error|Error" "$LOGS/build.log" | head -40
   exit 1
 }
 echo "build: $(( $(date +%s) - t0 )) s"
 TEST_BIN=$BUILD/tests/test_cuda
-BENCH_BIN=$BUILD/bench/bench_cuda
+CLI_BIN=$BUILD/qmoe
 
 # ---- tests ----------------------------------------------------------------------------------------
 TEST_SUMMARY="test_cuda: skipped"
@@ -99,11 +103,14 @@ fi
 TABLE=""
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
-  "$BENCH_BIN" --out "$LOGS/bench_cuda.csv" ${BENCH_ARGS:-} >"$LOGS/bench_cuda.log" 2>&1 || {
+  "$CLI_BIN" bench --device cuda --shapes mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-120b \
+    --schemes all,w_mxfp4+bf16act,unquantized+bf16act --tokens 1,16,64,256,1024,4096 \
+    --csv "$LOGS/bench_cuda.csv" --json-out "$LOGS/bench_cuda.json" --plot "$LOGS/bench_cuda.svg" \
+    ${BENCH_ARGS:-} >"$LOGS/bench_cuda.log" 2>&1 || {
     tail -20 "$LOGS/bench_cuda.log"
-    echo "bench_cuda failed"
+    echo "qmoe bench --device cuda failed"
   }
-  TABLE=$(grep -E "^\|" "$LOGS/bench_cuda.log" || true)
+  TABLE=$(grep -E "^(\||device cuda:|cuBLAS anchor:)" "$LOGS/bench_cuda.log" || true)
 fi
 
 echo

@@ -76,5 +76,47 @@ TEST(CliBench, JsonCarriesLlcWorkingSetAndFlag) {
   EXPECT_NE(r.err.find("LLC"), std::string::npos);
 }
 
+TEST(CliBench, CudaDeviceWithoutCudaIsAClearError) {
+#ifdef QMOE_HAVE_CUDA
+  GTEST_SKIP() << "built with CUDA";
+#else
+  const Out r = run_bench("--device cuda --shape qwen3-30b-a3b --scheme w_mxfp4_a_mxfp4 --tokens 1,16");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("qmoe: error: --device cuda: CUDA is not built in"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+#endif
+}
+
+TEST(CliBench, OptionErrorsBeforeAnyWork) {
+  Out r = run_bench("--device cpu --shape tiny --scheme w_mxfp4+bf16act --tokens 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("CUDA variants"), std::string::npos) << r.err;
+  r = run_bench("--device gpu --shape tiny --tokens 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("expected cpu or cuda"), std::string::npos) << r.err;
+  r = run_bench("--device cpu --shape tiny --tokens 1,zero");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--tokens: 'zero'"), std::string::npos) << r.err;
+}
+
+TEST(CliBench, CsvPlotAndLaterOptionsWin) {
+  const fs::path dir = fs::temp_directory_path() / ("qmoe_cli_bench_files_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  // --tokens given twice: the later one wins (scripts append overrides); --shapes is an alias.
+  const Out r = run_bench("--device cpu --shapes tiny --scheme w_mxfp4 --tokens 1,2,4 --tokens 2 --reps 1 --threads 1 "
+                          "--csv " + (dir / "b.csv").string() + " --plot " + (dir / "b.svg").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("| tiny | w_mxfp4 |"), std::string::npos) << r.out;
+  std::ifstream f(dir / "b.csv");
+  std::string header, row, extra;
+  std::getline(f, header);
+  std::getline(f, row);
+  EXPECT_EQ(header.rfind("shape,scheme,T,U,us,GBps,TFLOPps,floor_us,bound,pct_floor,", 0), 0u) << header;
+  EXPECT_EQ(row.rfind("tiny,w_mxfp4,2,", 0), 0u) << row;
+  EXPECT_FALSE(std::getline(f, extra) && !extra.empty()) << extra;
+  EXPECT_TRUE(fs::exists(dir / "b.svg"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace qmoe
