@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,7 +14,11 @@
 
 namespace qmoe::conformance {
 
-inline std::string cases_dir() { return QMOE_SOURCE_DIR "/../shared/conformance/cases/"; }
+// QMOE_CONFORMANCE_DIR overrides the location (a copy carried to a GPU machine).
+inline std::string cases_dir() {
+  const char* env = std::getenv("QMOE_CONFORMANCE_DIR");
+  return env && *env ? std::string(env) + "/" : std::string(QMOE_SOURCE_DIR "/../shared/conformance/cases/");
+}
 
 // Case directory names (sorted); error cases (case.json expect_error) only when asked for.
 inline std::vector<std::string> list_cases(bool include_error_cases) {

@@ -4,6 +4,8 @@
 // TP / EP partial outputs where a case has them.
 #include <gtest/gtest.h>
 
+#include "cpu/conformance_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -22,9 +24,7 @@ namespace qmoe::cuda::test {
 namespace {
 
 namespace fs = std::filesystem;
-// QMOE_CONFORMANCE_DIR overrides the location (a copy carried to a GPU machine).
-const std::string kCases = std::getenv("QMOE_CONFORMANCE_DIR") ? std::string(std::getenv("QMOE_CONFORMANCE_DIR")) + "/"
-                                                                : QMOE_SOURCE_DIR "/../shared/conformance/cases/";
+const std::string kCases = conformance::cases_dir();
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p);
