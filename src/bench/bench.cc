@@ -18,7 +18,7 @@ const std::vector<Shape>& all_shapes() {
   static const std::vector<Shape> k = {
       {"mixtral-8x7b", 8, 2, 4096, 14336, false},  {"deepseek-v3", 256, 8, 7168, 2048, false},
       {"qwen3-30b-a3b", 128, 8, 2048, 768, false}, {"gpt-oss-120b", 128, 4, 2880, 2880, true},
-      {"gpt-oss-20b", 32, 4, 2880, 2880, true},    {"tiny", 8, 2, 512, 256, false},
+      {"gpt-oss-20b", 32, 4, 2880, 2880, true},    {"qwen3-235b-a22b", 128, 8, 4096, 1536, false},    {"tiny", 8, 2, 512, 256, false},
       {"small", 16, 4, 1024, 512, false},
   };
   return k;
@@ -98,6 +98,9 @@ Plan resolve(const Options& o) {
   if (o.device == "cuda" && o.kernel != "optimized")
     throw Error("--kernel reference is a CPU kernel: --device cuda runs the CUDA kernels (--kernel optimized)");
   if (o.reps < 1) throw Error("--reps must be at least 1");
+  if (o.ep < 1 || o.tp < 1) throw Error(fmt::format("--ep and --tp must be at least 1, got {} and {}", o.ep, o.tp));
+  if ((o.distributed || o.ep * o.tp > 1) && o.device != "cuda")
+    throw Error("--ep / --tp spread the layer over GPUs: add --device cuda");
   if (o.experts < 0) throw Error("--experts must be >= 1 (or 0: the shape's own E)");
   if (o.max_weight_gb < 0) throw Error("--max-weight-gb must be > 0 (or 0: the device's default)");
   if (o.peak_tflops < 0) throw Error("--peak-tflops must be >= 0");

@@ -71,6 +71,9 @@ struct Options {
   int token_tile = 0;
   bool anchor = true;              // the cuBLAS bf16 grouped-GEMM anchor per point
   double probe_gib = 4.0;          // read-bandwidth probe buffer (≥ 4 GiB on CUDA)
+  // CUDA, several GPUs (qmoe/cuda_dist.h over NCCL): ep × tp ranks, one per GPU; `tokens` per EP rank
+  int ep = 1, tp = 1;
+  bool distributed = false;  // --ep / --tp given (also 1 x 1: the distributed path on one GPU)
 };
 
 struct Plan {
@@ -140,6 +143,11 @@ Report run(const Plan& plan);
 Report run_cpu(const Plan& plan);
 Report run_cuda(const Plan& plan);
 bool cuda_built_in();
+
+// ep × tp > 1 (CUDA): the layer over this node's GPUs through NCCL (bench_dist.cc's method), both
+// dispatches, against the same tokens on one GPU, with the all-to-all bandwidth measured in the same
+// run. Prints a markdown table; `csv_path` non-empty: its CSV too.
+void run_distributed(const Plan& plan, const std::string& csv_path);
 
 // An array, one object per point: the common fields, then Report::device_fields (a CUDA point
 // carries every key of a CPU point, null where it does not apply, plus its own).

@@ -97,6 +97,12 @@ TEST(CliBench, OptionErrorsBeforeAnyWork) {
   r = run_bench("--device cpu --shape tiny --tokens 1,zero");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--tokens: 'zero'"), std::string::npos) << r.err;
+  r = run_bench("--device cpu --shape tiny --tokens 1 --ep 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("add --device cuda"), std::string::npos) << r.err;
+  r = run_bench("--device cuda --shape tiny --tokens 1 --tp 0");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("at least 1"), std::string::npos) << r.err;
 }
 
 TEST(CliBench, CsvPlotAndLaterOptionsWin) {

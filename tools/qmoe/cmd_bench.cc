@@ -10,6 +10,7 @@
 #include "bench/bench.h"
 #include "cli_checks.h"
 #include "commands.h"
+#include "qmoe/error.h"
 #include "util/files.h"
 
 namespace qmoe::cli {
@@ -51,11 +52,20 @@ void register_bench(CLI::App& app) {
   sub->add_option("--token-tile", opt->token_tile, "CUDA: tokens per GEMM tile (8, 16, 64, 128; 0: auto)");
   sub->add_flag("--no-anchor{false}", opt->anchor, "CUDA: skip the cuBLAS bf16 grouped-GEMM anchor");
   sub->add_option("--probe-gib", opt->probe_gib, "CUDA: read-bandwidth probe size in GiB (>= 4)")->capture_default_str();
+  sub->add_option("--ep", opt->ep, "CUDA: expert-parallel ranks over this node's GPUs (NCCL); tokens per EP rank");
+  sub->add_option("--tp", opt->tp, "CUDA: tensor-parallel ranks per EP rank");
   sub->callback([opt, json, plot, csv, json_out, sub] {
     bench::Options o = *opt;
     if (sub->count("--reps") == 0) o.reps = o.device == "cuda" ? 20 : 5;
     if (o.device == "cpu") o.threads = bounded_threads(o.threads);
+    o.distributed = sub->count("--ep") + sub->count("--tp") > 0;
     const bench::Plan plan = bench::resolve(o);
+    if (o.distributed) {
+      if (*json || !json_out->empty() || !plot->empty())
+        throw Error("--ep / --tp print a table (and --csv); --json, --json-out and --plot are for one GPU");
+      bench::run_distributed(plan, *csv);
+      return;
+    }
     const bench::Report r = bench::run(plan);
     if (*json) fmt::print("{}\n", bench::to_json(r).dump(2));
     else bench::print_table(r);
