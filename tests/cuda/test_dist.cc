@@ -35,17 +35,8 @@ class CudaDist : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaDist, DeviceLayoutsMatchTheCpuLayer) {
   Case c = load_case(GetParam());
   c.K = MoELayer::from_checkpoint(c.dir, 0).config().top_k;
-  struct Layout {
-    int ep, tp;
-    ExpertDispatch mode;
-  };
-  std::vector<Layout> layouts = {{2, 1, ExpertDispatch::AllToAll}, {2, 1, ExpertDispatch::AllGather},
-                                 {1, 2, ExpertDispatch::AllToAll}, {2, 2, ExpertDispatch::AllToAll}};
-  if (c.E >= 3) layouts.push_back({3, 1, ExpertDispatch::AllToAll});
-  for (const Layout& l : layouts) {
-    const DistOptions o{l.ep, l.tp, l.mode};
-    const std::string what = fmt::format("{} ep {} tp {} {}", GetParam(), l.ep, l.tp,
-                                         l.mode == ExpertDispatch::AllToAll ? "all-to-all" : "all-gather");
+  for (const DistOptions& o : test_layouts(c)) {
+    const std::string what = layout_name(GetParam(), o);
     DistRun cpu;
     try {
       std::vector<int32_t> ids;
@@ -60,19 +51,14 @@ TEST_P(CudaDist, DeviceLayoutsMatchTheCpuLayer) {
     const double e = rel_l2(gpu.out, cpu.out), e_exp = rel_l2(gpu.out, c.expected);
     std::cout << "[ dist ] " << what << ": GPU vs CPU layer rel_l2 " << e << ", vs expected " << e_exp << "\n";
     EXPECT_LE(e, c.tol) << what;
-    if (l.tp == 1) EXPECT_LE(e_exp, c.tol) << what;
+    if (o.tp == 1) EXPECT_LE(e_exp, c.tol) << what;
     const DistRun again = run_distributed_gpu(c, o);
     EXPECT_EQ(again.out, gpu.out) << what << ": rerun not bit-identical";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDist, ::testing::ValuesIn(conformance::list_cases(false)),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         case_param_name);
 
 TEST(CudaDistNccl, OneRankCommunicatorMovesAndSums) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";

@@ -136,6 +136,28 @@ DistRun run_distributed(const Case& c, const DistOptions& o, MakeGroup make_grou
   return r;
 }
 
+// The layouts every case runs: EP 2 both ways, TP 2, EP 2 × TP 2, and EP 3 (an uneven split of the
+// experts and of the tokens, one rank possibly without tokens) where E allows.
+inline std::vector<DistOptions> test_layouts(const Case& c) {
+  std::vector<DistOptions> l = {{2, 1, ExpertDispatch::AllToAll}, {2, 1, ExpertDispatch::AllGather},
+                                {1, 2, ExpertDispatch::AllToAll}, {2, 2, ExpertDispatch::AllToAll}};
+  if (c.E >= 3) l.push_back({3, 1, ExpertDispatch::AllToAll});
+  return l;
+}
+
+inline std::string layout_name(const std::string& case_name, const DistOptions& o) {
+  return fmt::format("{} ep {} tp {} {}", case_name, o.ep, o.tp,
+                     o.dispatch == ExpertDispatch::AllToAll ? "all-to-all" : "all-gather");
+}
+
+// gtest parameter names from case directory names.
+inline std::string case_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
 // The CPU layer on the in-process group, reference kernel.
 inline DistRun run_distributed_cpu(const Case& c, const DistOptions& o) {
   return run_distributed(c, o, [](int n) { return make_in_process_group(n); },
