@@ -119,6 +119,12 @@ void gather_static_scales(ExpertParams& p, Communicator& ep_comm);
 MoELayer load_rank_layer(const std::string& dir, int layer, Communicator& ep_comm, Communicator& tp_comm,
                          const DistOptions& o, MoELayerOptions base = {});
 
+// The routing of one rank's tokens, as every distributed forward starts: T ≥ 0, x (and out) non-null
+// and finite when T > 0, layer.plan on the logits (or plan_from_hidden without them) into ws; T = 0
+// leaves ws empty (the rank still serves the others). `who` names the caller in errors.
+void route_rank_tokens(const MoELayer& layer, const float* x, const float* router_logits, int T, const float* out,
+                       MoEWorkspace& ws, const char* who);
+
 // One rank's share of an MoE layer on the CPU (host buffers, in-process communicators).
 class DistributedMoE {
  public:

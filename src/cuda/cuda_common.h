@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "qmoe/config.h"
@@ -14,6 +15,33 @@ namespace qmoe::cuda {
 // Throws qmoe::Error naming the call, file and line when `e` is not cudaSuccess.
 void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 #define QMOE_CUDA_CHECK(x) ::qmoe::cuda::check_cuda((x), #x, __FILE__, __LINE__)
+
+// A grow-only device allocation for per-call work buffers: need<T>(n) returns room for n ≥ 1
+// elements (n = 0 asks for one, so a pointer is always valid), reallocating only when it grows.
+class GrowBuf {
+ public:
+  GrowBuf() = default;
+  ~GrowBuf() {
+    if (p_) cudaFree(p_);
+  }
+  GrowBuf(const GrowBuf&) = delete;
+  GrowBuf& operator=(const GrowBuf&) = delete;
+  template <class T = char> T* need(size_t count) {
+    const size_t bytes = (count == 0 ? 1 : count) * sizeof(T);
+    if (bytes > n_) {
+      if (p_) QMOE_CUDA_CHECK(cudaFree(p_));
+      p_ = nullptr;
+      QMOE_CUDA_CHECK(cudaMalloc(&p_, bytes));
+      n_ = bytes;
+    }
+    return static_cast<T*>(p_);
+  }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
 
 // Weight element formats as the GEMM kernels see them.
 enum class WFmt : int { BF16, FP8, INT8, MXFP4, MXFP6_E2M3, MXFP6_E3M2, NVFP4 };

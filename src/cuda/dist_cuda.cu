@@ -17,31 +17,6 @@ namespace qmoe::cuda {
 
 namespace {
 
-// Grow-only device buffer.
-class Buf {
- public:
-  Buf() = default;
-  ~Buf() {
-    if (p_) cudaFree(p_);
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void* need(size_t bytes) {
-    if (bytes > n_) {
-      if (p_) QMOE_CUDA_CHECK(cudaFree(p_));
-      p_ = nullptr;
-      QMOE_CUDA_CHECK(cudaMalloc(&p_, bytes));
-      n_ = bytes;
-    }
-    return p_;
-  }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
-
 // Row i of the send buffers ← token rows[i]: the hidden state (row_words 32-bit or 16-bit words)
 // and its K ids and weights.
 template <class W>
@@ -135,7 +110,7 @@ struct CudaDistributedMoE::Impl {
         shared.emplace(*layer->shared_expert(), copt);
         if (layer->shared_gate().defined()) {
           const std::vector<float> g = to_f32(layer->shared_gate(), "shared_expert_gate weight");
-          QMOE_CUDA_CHECK(cudaMemcpy(gate.need(g.size() * sizeof(float)), g.data(), g.size() * sizeof(float),
+          QMOE_CUDA_CHECK(cudaMemcpy(gate.need<float>(g.size()), g.data(), g.size() * sizeof(float),
                                      cudaMemcpyHostToDevice));
           has_gate = true;
         }
@@ -209,20 +184,20 @@ struct CudaDistributedMoE::Impl {
       p.exchange_counts(ep, s);
       const int R = opt.ep;
       const auto S = static_cast<size_t>(p.rows_out()), N = static_cast<size_t>(p.rows_in());
-      auto* rows = static_cast<int32_t*>(d_rows.need(std::max<size_t>(S, 1) * sizeof(int32_t)));
-      auto* brow = static_cast<int32_t*>(d_back_row.need(std::max<size_t>(p.back_row.size(), 1) * sizeof(int32_t)));
+      auto* rows = d_rows.need<int32_t>(S);
+      auto* brow = d_back_row.need<int32_t>(p.back_row.size());
       if (S) QMOE_CUDA_CHECK(cudaMemcpyAsync(rows, p.send_tokens.data(), S * sizeof(int32_t), cudaMemcpyHostToDevice, s));
       if (!p.back_row.empty())
         QMOE_CUDA_CHECK(cudaMemcpyAsync(brow, p.back_row.data(), p.back_row.size() * sizeof(int32_t),
                                         cudaMemcpyHostToDevice, s));
-      void* xs = xs_.need(std::max<size_t>(S, 1) * row_bytes);
-      auto* is = static_cast<int32_t*>(is_.need(std::max<size_t>(S, 1) * K * sizeof(int32_t)));
-      auto* ws = static_cast<float*>(ws_.need(std::max<size_t>(S, 1) * K * sizeof(float)));
-      void* xr = xr_.need(std::max<size_t>(N, 1) * row_bytes);
-      auto* ir = static_cast<int32_t*>(ir_.need(std::max<size_t>(N, 1) * K * sizeof(int32_t)));
-      auto* wr = static_cast<float*>(wr_.need(std::max<size_t>(N, 1) * K * sizeof(float)));
-      auto* part = static_cast<float*>(part_.need(std::max<size_t>(N, 1) * H * sizeof(float)));
-      auto* back = static_cast<float*>(back_.need(std::max<size_t>(S, 1) * H * sizeof(float)));
+      void* xs = xs_.need(S * row_bytes);
+      auto* is = is_.need<int32_t>(S * K);
+      auto* ws = ws_.need<float>(S * K);
+      void* xr = xr_.need(N * row_bytes);
+      auto* ir = ir_.need<int32_t>(N * K);
+      auto* wr = wr_.need<float>(N * K);
+      auto* part = part_.need<float>(N * H);
+      auto* back = back_.need<float>(S * H);
       if (S) {
         const int threads = 256;
         if (row_bytes % 4 == 0)
@@ -262,8 +237,8 @@ struct CudaDistributedMoE::Impl {
         shared->reserve(T, 1);
         shared_rows = T;
       }
-      auto* sw = static_cast<float*>(sw_.need(static_cast<size_t>(T) * sizeof(float)));
-      auto* sid = static_cast<int32_t*>(sid_.need(static_cast<size_t>(T) * sizeof(int32_t)));
+      auto* sw = sw_.need<float>(static_cast<size_t>(T));
+      auto* sid = sid_.need<int32_t>(static_cast<size_t>(T));
       if (has_gate)
         shared_gate_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(d_x, dt, H, gate.as<float>(), sw, sid);
       else
@@ -283,7 +258,8 @@ struct CudaDistributedMoE::Impl {
   dist::DistOptions opt;
   int device = 0;
   std::optional<CudaExperts> experts, shared;
-  Buf gate, d_rows, d_back_row, xs_, is_, ws_, xr_, ir_, wr_, part_, back_, sw_, sid_;
+  GrowBuf host_x, host_ids, host_w, host_out;  // forward_host's staging
+  GrowBuf gate, d_rows, d_back_row, xs_, is_, ws_, xr_, ir_, wr_, part_, back_, sw_, sid_;
   bool has_gate = false, rwoi = false;
   int E = 0, K = 0, H = 0;
   int experts_rows = 0, shared_rows = 0;
@@ -328,20 +304,7 @@ void CudaDistributedMoE::forward_host(const float* x, const float* router_logits
   if (!m.layer) throw Error("CudaDistributedMoE::forward_host needs a layer loaded from a checkpoint (it routes)");
   const int H = m.H, K = m.K;
   try {
-    if (T < 0) throw Error("CudaDistributedMoE::forward_host: token count T = " + std::to_string(T) + " is negative");
-    if (T > 0) {
-      if (x == nullptr || out == nullptr) throw Error("CudaDistributedMoE::forward_host: x and out must not be null");
-      check_finite_rows(x, T, H, "hidden_states", "CudaDistributedMoE::forward_host");
-      if (router_logits)
-        m.layer->plan(router_logits, T, ws);
-      else
-        m.layer->plan_from_hidden(x, T, ws);
-    } else {
-      ws.T = 0;
-      ws.K = K;
-      ws.topk_ids.clear();
-      ws.topk_weights.clear();
-    }
+    dist::route_rank_tokens(*m.layer, x, router_logits, T, out, ws, "CudaDistributedMoE::forward_host");
   } catch (const std::exception& e) {
     m.ep.abort(e.what());
     m.tp.abort(e.what());
@@ -349,11 +312,11 @@ void CudaDistributedMoE::forward_host(const float* x, const float* router_logits
   }
   QMOE_CUDA_CHECK(cudaSetDevice(m.device));
   const size_t n = static_cast<size_t>(T) * H, nk = static_cast<size_t>(T) * K;
-  Buf dx, dids, dw, dout;
-  auto* px = static_cast<float*>(dx.need(std::max<size_t>(n, 1) * sizeof(float)));
-  auto* pi = static_cast<int32_t*>(dids.need(std::max<size_t>(nk, 1) * sizeof(int32_t)));
-  auto* pw = static_cast<float*>(dw.need(std::max<size_t>(nk, 1) * sizeof(float)));
-  auto* po = static_cast<float*>(dout.need(std::max<size_t>(n, 1) * sizeof(float)));
+  // Staging reused across calls (forward_device's own buffers are separate).
+  float* px = m.host_x.need<float>(n);
+  int32_t* pi = m.host_ids.need<int32_t>(nk);
+  float* pw = m.host_w.need<float>(nk);
+  float* po = m.host_out.need<float>(n);
   if (T > 0) {
     QMOE_CUDA_CHECK(cudaMemcpy(px, x, n * sizeof(float), cudaMemcpyHostToDevice));
     QMOE_CUDA_CHECK(cudaMemcpy(pi, ws.topk_ids.data(), nk * sizeof(int32_t), cudaMemcpyHostToDevice));

@@ -41,7 +41,6 @@ class NcclComm final : public dist::Communicator {
       cudaSetDevice(device_);
       ncclCommDestroy(comm_);
     }
-    if (staging_) cudaFree(staging_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -77,7 +76,7 @@ class NcclComm final : public dist::Communicator {
     QMOE_CUDA_CHECK(cudaSetDevice(device_));
     const auto s = static_cast<cudaStream_t>(stream);
     const size_t n = static_cast<size_t>(size_);
-    int64_t* d = static_cast<int64_t*>(stage(2 * n * sizeof(int64_t)));
+    int64_t* d = staging_.need<int64_t>(2 * n);
     QMOE_CUDA_CHECK(cudaMemcpyAsync(d, send, n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     QMOE_NCCL_CHECK(ncclGroupStart(), comm_);
     for (int p = 0; p < size_; ++p) {
@@ -94,7 +93,7 @@ class NcclComm final : public dist::Communicator {
     if (bytes == 0) return;
     QMOE_CUDA_CHECK(cudaSetDevice(device_));
     const size_t n = static_cast<size_t>(size_);
-    char* d = static_cast<char*>(stage((n + 1) * bytes));
+    char* d = staging_.need((n + 1) * bytes);
     QMOE_CUDA_CHECK(cudaMemcpy(d, send, bytes, cudaMemcpyHostToDevice));
     QMOE_NCCL_CHECK(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, nullptr), comm_);
     QMOE_CUDA_CHECK(cudaMemcpy(recv, d + bytes, n * bytes, cudaMemcpyDeviceToHost));
@@ -111,20 +110,9 @@ class NcclComm final : public dist::Communicator {
   void live(const char* what) const {
     if (!comm_) throw Error(fmt::format("NCCL communicator (rank {} of {}): {} after abort", rank_, size_, what));
   }
-  void* stage(size_t bytes) {
-    if (bytes > staging_bytes_) {
-      if (staging_) QMOE_CUDA_CHECK(cudaFree(staging_));
-      staging_ = nullptr;
-      QMOE_CUDA_CHECK(cudaMalloc(&staging_, bytes));
-      staging_bytes_ = bytes;
-    }
-    return staging_;
-  }
-
   ncclComm_t comm_ = nullptr;
   int device_ = 0, rank_ = 0, size_ = 1;
-  void* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
+  GrowBuf staging_;  // host values on their way through NCCL
 };
 
 }  // namespace

@@ -33,6 +33,24 @@ MoELayer load_rank_layer(const std::string& dir, int layer, Communicator& ep, Co
 }
 
 
+void route_rank_tokens(const MoELayer& layer, const float* x, const float* router_logits, int T, const float* out,
+                       MoEWorkspace& ws, const char* who) {
+  if (T < 0) throw Error(fmt::format("{}: token count T = {} is negative", who, T));
+  if (T == 0) {
+    ws.T = 0;
+    ws.K = layer.config().top_k;
+    ws.topk_ids.clear();
+    ws.topk_weights.clear();
+    return;
+  }
+  if (x == nullptr || out == nullptr) throw Error(fmt::format("{}: x and out must not be null", who));
+  check_finite_rows(x, T, layer.experts().hidden, "hidden_states", who);
+  if (router_logits)
+    layer.plan(router_logits, T, ws);
+  else
+    layer.plan_from_hidden(x, T, ws);
+}
+
 DistributedMoE::DistributedMoE(const std::string& dir, int layer, Communicator& ep_comm, Communicator& tp_comm,
                                const DistOptions& o, const MoELayerOptions& base)
     : layer_((ep_comm.device_memory() || tp_comm.device_memory())
@@ -59,23 +77,10 @@ void DistributedMoE::forward(const float* x, const float* router_logits, int T, 
 }
 
 void DistributedMoE::forward_impl(const float* x, const float* router_logits, int T, MoEWorkspace& ws, float* out) {
-  if (T < 0) throw Error(fmt::format("DistributedMoE::forward: token count T = {} is negative", T));
+  route_rank_tokens(layer_, x, router_logits, T, out, ws, "DistributedMoE::forward");
   const int H = layer_.experts().hidden, K = layer_.config().top_k;
   const auto sH = static_cast<size_t>(H), sK = static_cast<size_t>(K);
-  if (T > 0) {
-    if (x == nullptr || out == nullptr) throw Error("DistributedMoE::forward: x and out must not be null");
-    check_finite_rows(x, T, H, "hidden_states", "DistributedMoE::forward");
-    if (router_logits)
-      layer_.plan(router_logits, T, ws);
-    else
-      layer_.plan_from_hidden(x, T, ws);
-    std::fill(out, out + static_cast<size_t>(T) * sH, 0.0f);
-  } else {
-    ws.T = 0;
-    ws.K = K;
-    ws.topk_ids.clear();
-    ws.topk_weights.clear();
-  }
+  if (T > 0) std::fill(out, out + static_cast<size_t>(T) * sH, 0.0f);
   last_bytes_ = 0;
 
   if (opt_.ep == 1) {

@@ -227,7 +227,6 @@ void run_distributed(const Plan& plan, const std::string& out_path) {
                     if (r >= 2) t.push_back(ms * 1e3);
                   }
                   per_rank[static_cast<size_t>(w)].insert(per_rank[static_cast<size_t>(w)].end(), t.begin(), t.end());
-                  if (ti == 0) sent[static_cast<size_t>(w)] = 0;
                   sent[static_cast<size_t>(w)] = static_cast<double>(layer.last_bytes_sent());
                   in.release();
                   // Record this T's median per rank, then move on.
