@@ -44,7 +44,7 @@ struct CudaOptions {
   // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once
   // (vLLM's precision, rel-L2 ~1e-3) instead of the exact bf16 hi + lo split (2 MMAs).
   bool bf16_activations = false;
-  int token_tile = 0;  // tokens per GEMM tile: 8, 16, 64 or 128; 0 = chosen from tokens per expert
+  int token_tile = 0;  // tokens per GEMM tile: 8, 16, 32, 64 or 128; 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   // 128-token tiles on Hopper's warpgroup MMA (sm_90a builds on a compute-capability 9.0 device;
   // QMOE_CUDA_WGMMA=0 turns it off process-wide); false: the mma.sync kernel for every tile.

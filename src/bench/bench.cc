@@ -76,11 +76,12 @@ SchemeEntry parse_scheme_entry(const std::string& entry) {
     else if (suf == "xbf16") e.x_bf16 = true;
     else if (suf == "route") e.route = true;
     else if (suf == "nowg") e.no_wgmma = true;
-    else if (suf.rfind("tile", 0) == 0 && (suf == "tile8" || suf == "tile16" || suf == "tile64" || suf == "tile128"))
+    else if (suf.rfind("tile", 0) == 0 && (suf == "tile8" || suf == "tile16" || suf == "tile32" || suf == "tile64" ||
+                                             suf == "tile128"))
       e.token_tile = std::stoi(suf.substr(4));
     else
       throw Error(fmt::format("--scheme '{}': unknown suffix '+{}' (known: +bf16act, +xbf16, +route, +nowg, "
-                              "+tile8|16|64|128)",
+                              "+tile8|16|32|64|128)",
                               entry, suf));
     e.label += "+" + suf;
     p = q;
@@ -105,8 +106,8 @@ Plan resolve(const Options& o) {
   if (o.max_weight_gb < 0) throw Error("--max-weight-gb must be > 0 (or 0: the device's default)");
   if (o.peak_tflops < 0) throw Error("--peak-tflops must be >= 0");
   if (o.copies < 0) throw Error("--copies must be >= 0 (0: enough to defeat the L2)");
-  if (o.token_tile != 0 && o.token_tile != 8 && o.token_tile != 16 && o.token_tile != 64 && o.token_tile != 128)
-    throw Error(fmt::format("--token-tile {}: expected 8, 16, 64 or 128", o.token_tile));
+  if (o.token_tile != 0 && o.token_tile != 8 && o.token_tile != 16 && o.token_tile != 32 && o.token_tile != 64 && o.token_tile != 128)
+    throw Error(fmt::format("--token-tile {}: expected 8, 16, 32, 64 or 128", o.token_tile));
   if (o.probe_gib < 4.0 && o.device == "cuda")
     throw Error("--probe-gib: the CUDA read-bandwidth probe streams at least 4 GiB");
   p.tokens = parse_tokens(o.tokens);

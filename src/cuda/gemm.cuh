@@ -12,7 +12,8 @@
 //    and decoded straight into the A fragments in registers: FP8 by cvt.rn.f16x2.e4m3x2, the
 //    FP4 / FP6 formats by shifts and masks into bf16 bits and one bf16x2 multiply by the block
 //    scale (frag_layout.h; exact).
-// Tiles of 8 tokens (one n8 fragment) serve decode, 16 / 64 / 128 larger batches.
+// Tiles of 8 tokens (one n8 fragment) serve decode, 16 / 32 / 64 / 128 larger batches; the
+// 16-token groups of a tile past its expert's token count are neither copied nor multiplied.
 // The 4 warps run mma.m16n8k16 bf16 / f16 (fp32 accumulate) or, for INT8, mma.m16n8k32 s8 (exact
 // int32 accumulate). Bf16Split feeds the activation as hi + lo (2 MMAs).
 // The epilogue multiplies by the per-expert, per-channel and per-row scales in fp32 and writes the
@@ -339,20 +340,24 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   // kept in registers for the small (decode) tiles, re-read from s_arow for the large ones;
   // rows past the tile's token count are zero-filled.
   constexpr bool kAReg = kAPer <= 4;
-  auto a_chunk = [&](int i, int64_t& src, int& dst, bool& ok) {
+  // Rows at or past `rows_used` (the tile's count rounded up to the 16-token ldmatrix group) are
+  // read by no MMA: not copied at all (need = false).
+  const int rows_used = min(BT, (cnt + 15) & ~15);
+  auto a_chunk = [&](int i, int64_t& src, int& dst, bool& ok, bool& need) {
     const int c = tid + i * kGemmThreads;
     const int r = c / kAChunksRow, q = c % kAChunksRow;
     const int arow = c < kAChunks ? s_arow[r] : -1;
     ok = arow >= 0;
+    need = c < kAChunks && r < rows_used;
     src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + q * 16;
     dst = r * C::kAStride + q * 16;
   };
   int64_t a_src[kAReg ? kAPer : 1];
   int a_dst[kAReg ? kAPer : 1];
-  bool a_ok[kAReg ? kAPer : 1];
+  bool a_ok[kAReg ? kAPer : 1], a_need[kAReg ? kAPer : 1];
   if constexpr (kAReg) {
 #pragma unroll
-    for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i]);
+    for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i], a_need[i]);
   }
   auto load_a = [&](int buf, int kt) {  // the tile's activation rows of stage kt
     uint8_t* adst = smem + buf * C::kStageBytes + C::kWStage + C::kSStage;
@@ -362,12 +367,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
       if (kAChunks % kGemmThreads != 0 && tid + i * kGemmThreads >= kAChunks) break;
       int64_t src;
       int dst;
-      bool ok;
+      bool ok, need;
       if constexpr (kAReg) {
-        src = a_src[i], dst = a_dst[i], ok = a_ok[i];
+        src = a_src[i], dst = a_dst[i], ok = a_ok[i], need = a_need[i];
       } else {
-        a_chunk(i, src, dst, ok);
+        a_chunk(i, src, dst, ok, need);
       }
+      if (!need) continue;
       cp_async16_zfill(adst + dst, abase_hi + src + koff, ok);
       if constexpr (SPLIT) cp_async16_zfill(adst + BT * C::kAStride + dst, abase_lo + src + koff, ok);
     }
@@ -411,14 +417,20 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
       wsrc_f.get(kk, af);
 #pragma unroll
       for (int np = 0; np < NP; ++np) {
+        // Token fragments wholly past the tile's count are skipped (the count is uniform over
+        // the CTA; their accumulators stay zero and are not stored), so a tile larger than its
+        // expert's tokens costs copies and MMAs only for the 16-token groups in use.
+        if (np > 0 && np * 16 >= cnt) break;
         // 32 bytes per k step (k16 of 16-bit values, k32 of int8), this lane's 16-byte half.
         const uint8_t* bp = at + (np * 16 + brow_l) * C::kAStride + kk * 32 + ((lane >> 3) & 1) * 16;
         uint32_t bf[4];
         ldsm_b<BT>(bf, bp);
+        const bool hi8 = BT >= 16 && np * 16 + 8 < cnt;  // the group's second n8 fragment in use
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma_frag<WF>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-          if constexpr (BT >= 16) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          if constexpr (BT >= 16)
+            if (hi8) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
         }
         if constexpr (SPLIT) {
           uint32_t bl[4];
@@ -426,7 +438,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             mma_frag<WF>(acc[mt][2 * np], af[mt], bl[0], bl[1]);
-            if constexpr (BT >= 16) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
+            if constexpr (BT >= 16)
+              if (hi8) mma_frag<WF>(acc[mt][2 * np + 1], af[mt], bl[2], bl[3]);
           }
         }
       }
@@ -464,6 +477,7 @@ void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t 
   switch (bt) {
     case 8: launch_gemm_t<WF, 8, SPLIT>(a, grid, s); break;
     case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
+    case 32: launch_gemm_t<WF, 32, SPLIT>(a, grid, s); break;
     case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
     default:
       if constexpr (WgCfg<WF, SPLIT>::kSupported) {

@@ -269,7 +269,7 @@ TEST_P(CudaExpertsEdge, TilesAndSplits) {
   pb.E = 4;
   pb.H = 512;
   pb.I = 256;
-  for (int bt : {8, 16, 64, 128})
+  for (int bt : {8, 16, 32, 64, 128})
     for (int ks : {1, 3, 16}) {
       CudaOptions o;
       o.token_tile = bt;

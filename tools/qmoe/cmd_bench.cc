@@ -49,7 +49,7 @@ void register_bench(CLI::App& app) {
                   "Compute peak for the floor (CUDA default: 790 / 1580 per scheme; CPU: none)");
   sub->add_option("--copies", opt->copies, "CUDA: weight copies per graph (0: enough to touch >= 256 MB and 4 x L2)");
   sub->add_flag("--bf16-act", opt->bf16_act, "CUDA: every scheme with +bf16act");
-  sub->add_option("--token-tile", opt->token_tile, "CUDA: tokens per GEMM tile (8, 16, 64, 128; 0: auto)");
+  sub->add_option("--token-tile", opt->token_tile, "CUDA: tokens per GEMM tile (8, 16, 32, 64, 128; 0: auto)");
   sub->add_flag("--no-anchor{false}", opt->anchor, "CUDA: skip the cuBLAS bf16 grouped-GEMM anchor");
   sub->add_option("--probe-gib", opt->probe_gib, "CUDA: read-bandwidth probe size in GiB (>= 4)")->capture_default_str();
   sub->add_option("--ep", opt->ep, "CUDA: expert-parallel ranks over this node's GPUs (NCCL); tokens per EP rank");
