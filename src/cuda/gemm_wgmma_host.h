@@ -26,15 +26,19 @@ constexpr bool wgmma_supported(WFmt f, AFmt a) {
 //    1.0–1.7× slower there), wgmma 128 from 64; FP8 alone takes wgmma 64 from a mean of 32
 //    (deepseek-v3 T = 1024: 4408 vs 4893 µs on mma.sync 32);
 //  * without wgmma: 8 / 16 / 32, 64 from a mean of 48 for BF16 / INT8, 128 above 256 (the rule
-//    before this table; not re-measured).
+//    before this table; not re-measured);
+//  * `split` (fp32-accurate activations as bf16 hi + lo, twice the activation stage): the
+//    register-decode formats keep 16-token tiles to a mean of 24, the rule before this table
+//    (mixtral-8x7b w_mxfp4 T = 64: 477 µs on 16, 530 on 32).
 struct TileRow {
   double below;
   int bt;
 };
-inline int token_tile_for(WFmt f, double mean, bool wg) {
+inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
   static constexpr TileRow kSmemA[] = {{24, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {64, 32}, {1e300, 128}};
+  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {64, 32}, {1e300, 128}};
   static constexpr TileRow kNoWgSmemA[] = {{4.5, 8}, {12.5, 16}, {48, 32}, {256.5, 64}, {1e300, 128}};
   static constexpr TileRow kNoWg[] = {{4.5, 8}, {12.5, 16}, {256.5, 32}, {1e300, 128}};
   const bool smem_a = f == WFmt::BF16 || f == WFmt::INT8;
@@ -43,7 +47,7 @@ inline int token_tile_for(WFmt f, double mean, bool wg) {
       if (mean < r.below) return r.bt;
     return 128;
   };
-  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : pick(kReg);
+  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : split ? pick(kRegSplit) : pick(kReg);
   return smem_a ? pick(kNoWgSmemA) : pick(kNoWg);
 }
 
