@@ -453,11 +453,16 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 template <WFmt WF, int BT, bool SPLIT>
 void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = GemmCfg<WF, BT, SPLIT>;
-  static const bool configured = [] {
+  static const int resident = [] {
     QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    return true;
+    int n = 0;
+    QMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemm_kernel<WF, BT, SPLIT>, kGemmThreads, C::kSmem));
+    return n;
   }();
-  (void)configured;
+  if (a.units_per_sm) {
+    *a.units_per_sm = resident;  // one 128-row weight tile per CTA
+    return;
+  }
   launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
 }
 
