@@ -113,13 +113,9 @@ struct GemmArgs {
   float* out = nullptr;             // [ksplit][TK][N]
   int N = 0, Npad = 0, TK = 0;
   int Kt = 0, kt_per_split = 0;
-  // Host only: when set, launch_gemm writes there how many 128-row weight tiles the chosen kernel
-  // keeps resident per SM (CTAs per SM by the occupancy calculator × weight tiles per CTA) and
-  // launches nothing (the K-split choice, experts.cc).
-  int* units_per_sm = nullptr;
 };
 
-// bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
+// bt: token tile (8, 16, 64, 128); wg: 128-token tiles may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().
 void launch_gemm(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
 void launch_gemm_bf16(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);

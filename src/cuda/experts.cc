@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -125,7 +124,7 @@ struct CudaExperts::Impl {
     int bt = 16, max_tiles = 0, ks1 = 1, ks2 = 1, kps1 = 0, kps2 = 0;
   };
   Plan plan(int T, int K) const;
-  int choose_split(int64_t ctas, int Kt, int TK, int units_per_sm) const;
+  int choose_split(int64_t ctas, int Kt, int TK) const;
 };
 
 namespace {
@@ -602,41 +601,15 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
   return ce;
 }
 
-// K splits of a GEMM over `ctas` (expert tile, 128-row weight tile) work units, Kt K stages.
-// The base rule asks for ≥ 2 units per SM and ≥ 4 stages per split. On top of it, a tail rule
-// (QMOE_CUDA_SPLIT=waves, the default; =simple keeps the base rule) takes a larger split, down
-// to 2 stages per split, where that fills the last wave of resident units clearly better: with
-// few units (T = 1, or a weight matrix of few 128-row tiles) one SM would otherwise stream a long
-// K range alone while others idle (mixtral-8x7b GEMM2 at T = 16: 256 units in 0.8 waves; qwen3
-// GEMM2 at T = 1: 128 units, one per SM, 6 stages each).
-int CudaExperts::Impl::choose_split(int64_t ctas, int Kt, int TK, int units_per_sm) const {
-  static const bool waves = [] {
-    const char* v = std::getenv("QMOE_CUDA_SPLIT");
-    return !(v && std::strcmp(v, "simple") == 0);
-  }();
-  const int row_cap = std::max(1, cap_rows / std::max(TK, 1));
+int CudaExperts::Impl::choose_split(int64_t ctas, int Kt, int TK) const {
   int ks = opt.ksplit;
   if (ks == 0) {
     const int64_t want = (2 * static_cast<int64_t>(num_sms) + ctas - 1) / std::max<int64_t>(ctas, 1);
     ks = static_cast<int>(std::min<int64_t>(want, kMaxSplit));
     ks = std::min(ks, std::max(1, Kt / 4));
-    if (waves && units_per_sm > 0) {
-      const double slots = static_cast<double>(num_sms) * units_per_sm;
-      auto fill = [&](int k) {  // share of the last wave's slots in use, over all waves
-        const double w = static_cast<double>(ctas) * k / slots;
-        return w / std::ceil(w);
-      };
-      const int hi = std::min({kMaxSplit, std::max(1, Kt / 2), row_cap});
-      double best = fill(ks);
-      for (int k = ks + 1; k <= hi; ++k)
-        if (fill(k) > best + 0.1) {
-          best = fill(k);
-          ks = k;
-        }
-    }
   }
   ks = std::max(1, std::min(ks, Kt));
-  ks = std::max(1, std::min(ks, row_cap));
+  ks = std::max(1, std::min(ks, cap_rows / std::max(TK, 1)));
   const int kps = (Kt + ks - 1) / ks;
   return (Kt + kps - 1) / kps;  // no empty split
 }
@@ -654,14 +627,8 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   pl.bt = opt.token_tile ? opt.token_tile : bt;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
   const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);
-  int units = 0;  // 128-row weight tiles the chosen kernel keeps resident per SM
-  {
-    GemmArgs q;
-    q.units_per_sm = &units;
-    launch_gemm(wf, af, pl.bt, wgmma, q, dim3(1, 1, 1), nullptr);
-  }
-  pl.ks1 = choose_split(est_tiles * (w13.Npad / kBW), w13.Kt, TK, units);
-  pl.ks2 = choose_split(est_tiles * (w2.Npad / kBW), w2.Kt, TK, units);
+  pl.ks1 = choose_split(est_tiles * (w13.Npad / kBW), w13.Kt, TK);
+  pl.ks2 = choose_split(est_tiles * (w2.Npad / kBW), w2.Kt, TK);
   pl.kps1 = (w13.Kt + pl.ks1 - 1) / pl.ks1;
   pl.kps2 = (w2.Kt + pl.ks2 - 1) / pl.ks2;
   return pl;

@@ -453,16 +453,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 template <WFmt WF, int BT, bool SPLIT>
 void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = GemmCfg<WF, BT, SPLIT>;
-  static const int resident = [] {
+  static const bool configured = [] {
     QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    int n = 0;
-    QMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemm_kernel<WF, BT, SPLIT>, kGemmThreads, C::kSmem));
-    return n;
+    return true;
   }();
-  if (a.units_per_sm) {
-    *a.units_per_sm = resident;  // one 128-row weight tile per CTA
-    return;
-  }
+  (void)configured;
   launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
 }
 

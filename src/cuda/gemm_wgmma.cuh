@@ -397,17 +397,12 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
 template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_wg(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = WgCfg<WF, SPLIT, BT>;
-  static const int resident = [] {
+  static const bool configured = [] {
     QMOE_CUDA_CHECK(
         cudaFuncSetAttribute(gemm_wg_kernel<WF, SPLIT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    int n = 0;
-    QMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemm_wg_kernel<WF, SPLIT, BT>, C::kThreads, C::kSmem));
-    return n;
+    return true;
   }();
-  if (a.units_per_sm) {
-    *a.units_per_sm = resident * C::kWG;  // kWG weight tiles per CTA
-    return;
-  }
+  (void)configured;
   grid.y = (grid.y + C::kWG - 1) / C::kWG;
   launch_pdl(gemm_wg_kernel<WF, SPLIT, BT>, grid, C::kThreads, C::kSmem, s, a);
 }
