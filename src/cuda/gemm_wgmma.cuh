@@ -45,7 +45,8 @@ namespace qmoe::cuda {
 
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------------
 // The accumulator operands of an m64nN wgmma (N / 2 per thread: d[0..N/2), constraint C).
-#define QMOE_WG_ACC8(C, o) C(d[o]), C(d[o + 1]), C(d[o + 2]), C(d[o + 3]), C(d[o + 4]), C(d[o + 5]), C(d[o + 6]), C(d[o + 7])
+#define QMOE_WG_ACC8(C, o) \
+  C(d[o]), C(d[o + 1]), C(d[o + 2]), C(d[o + 3]), C(d[o + 4]), C(d[o + 5]), C(d[o + 6]), C(d[o + 7])
 #define QMOE_WG_ACC16(C, o) QMOE_WG_ACC8(C, o), QMOE_WG_ACC8(C, o + 8)
 #define QMOE_WG_ACC32(C, o) QMOE_WG_ACC16(C, o), QMOE_WG_ACC16(C, o + 16)
 #define QMOE_WG_ACC64(C, o) QMOE_WG_ACC32(C, o), QMOE_WG_ACC32(C, o + 32)
@@ -81,49 +82,47 @@ __device__ __forceinline__ void wg_wait() {
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// D[64 × N] += A[64 × k] (registers: this warp's 16 rows, the mma.sync A layout) · B[k × N]
-// (shared memory, descriptor), k = 16 (bf16 / f16, fp32 accumulate), N = 32, 64 or 128 tokens.
+// One wgmma.mma_async: INSTR (shape and types), DREGS / ACC (the N / 2 accumulators: operand
+// list and constraints), then the A and B operands by their asm operand numbers, the scale-d
+// predicate's operand number and the trailing immediates.
+// Register A (this warp's 16 rows in the mma.sync A layout) and a B descriptor:
+#define QMOE_WG_RS(INSTR, DREGS, ACC, AOPS, PRED)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned." INSTR " " DREGS ", " AOPS ", p, 1, 1, 0;\n}\n"      \
+               : ACC                                                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1))
+// A and B descriptors (TAIL: the bf16 scale / transpose immediates; none for s8):
+#define QMOE_WG_SS(INSTR, DREGS, ACC, BOPS, PRED, TAIL)                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned." INSTR " " DREGS ", " BOPS ", p" TAIL ";\n}\n"      \
+               : ACC                                                                              \
+               : "l"(adesc), "l"(bdesc), "n"(1))
+
+// D[64 × N] += A[64 × k] (registers) · B[k × N] (shared memory, descriptor), k = 16 (bf16 / f16,
+// fp32 accumulate), N = 32, 64 or 128 tokens.
 template <WFmt WF, int N>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc) {
   static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
-  if constexpr (N == 32 && AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " QMOE_WG_DREGS16
-                 ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC16("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (N == 32 && !AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " QMOE_WG_DREGS16
-                 ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC16("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (N == 64 && AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " QMOE_WG_DREGS32
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC32("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (N == 64 && !AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QMOE_WG_DREGS32
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC32("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (N == 128 && AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " QMOE_WG_DREGS64
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC64("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (N == 128 && !AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS64
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC64("+f", 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  }
+  constexpr bool kF16 = AFrag<WF>::kF16;
+  if constexpr (N == 32 && kF16)
+    QMOE_WG_RS("m64n32k16.f32.f16.f16", QMOE_WG_DREGS16, QMOE_WG_ACC16("+f", 0),
+               "{%16, %17, %18, %19}, %20", "%21");
+  else if constexpr (N == 32)
+    QMOE_WG_RS("m64n32k16.f32.bf16.bf16", QMOE_WG_DREGS16, QMOE_WG_ACC16("+f", 0),
+               "{%16, %17, %18, %19}, %20", "%21");
+  else if constexpr (N == 64 && kF16)
+    QMOE_WG_RS("m64n64k16.f32.f16.f16", QMOE_WG_DREGS32, QMOE_WG_ACC32("+f", 0),
+               "{%32, %33, %34, %35}, %36", "%37");
+  else if constexpr (N == 64)
+    QMOE_WG_RS("m64n64k16.f32.bf16.bf16", QMOE_WG_DREGS32, QMOE_WG_ACC32("+f", 0),
+               "{%32, %33, %34, %35}, %36", "%37");
+  else if constexpr (kF16)
+    QMOE_WG_RS("m64n128k16.f32.f16.f16", QMOE_WG_DREGS64, QMOE_WG_ACC64("+f", 0),
+               "{%64, %65, %66, %67}, %68", "%69");
+  else
+    QMOE_WG_RS("m64n128k16.f32.bf16.bf16", QMOE_WG_DREGS64, QMOE_WG_ACC64("+f", 0),
+               "{%64, %65, %66, %67}, %68", "%69");
 #else
   (void)d, (void)a, (void)desc;
 #endif
@@ -135,37 +134,25 @@ template <WFmt WF, int N, class Acc>
 __device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc) {
   static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
-  if constexpr (N == 32 && WF == WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 " QMOE_WG_DREGS16 ", %16, %17, p;\n}\n"
-                 : QMOE_WG_ACC16("+r", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  } else if constexpr (N == 32 && WF != WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " QMOE_WG_DREGS16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : QMOE_WG_ACC16("+f", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  } else if constexpr (N == 64 && WF == WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QMOE_WG_DREGS32 ", %32, %33, p;\n}\n"
-                 : QMOE_WG_ACC32("+r", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  } else if constexpr (N == 64 && WF != WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QMOE_WG_DREGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : QMOE_WG_ACC32("+f", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  } else if constexpr (N == 128 && WF == WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS64 ", %64, %65, p;\n}\n"
-                 : QMOE_WG_ACC64("+r", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  } else if constexpr (N == 128 && WF != WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : QMOE_WG_ACC64("+f", 0)
-                 : "l"(adesc), "l"(bdesc), "n"(1));
-  }
+  constexpr bool kI8 = WF == WFmt::INT8;
+  if constexpr (N == 32 && kI8)
+    QMOE_WG_SS("m64n32k32.s32.s8.s8", QMOE_WG_DREGS16, QMOE_WG_ACC16("+r", 0),
+               "%16, %17", "%18", "");
+  else if constexpr (N == 32)
+    QMOE_WG_SS("m64n32k16.f32.bf16.bf16", QMOE_WG_DREGS16, QMOE_WG_ACC16("+f", 0),
+               "%16, %17", "%18", ", 1, 1, 0, 0");
+  else if constexpr (N == 64 && kI8)
+    QMOE_WG_SS("m64n64k32.s32.s8.s8", QMOE_WG_DREGS32, QMOE_WG_ACC32("+r", 0),
+               "%32, %33", "%34", "");
+  else if constexpr (N == 64)
+    QMOE_WG_SS("m64n64k16.f32.bf16.bf16", QMOE_WG_DREGS32, QMOE_WG_ACC32("+f", 0),
+               "%32, %33", "%34", ", 1, 1, 0, 0");
+  else if constexpr (kI8)
+    QMOE_WG_SS("m64n128k32.s32.s8.s8", QMOE_WG_DREGS64, QMOE_WG_ACC64("+r", 0),
+               "%64, %65", "%66", "");
+  else
+    QMOE_WG_SS("m64n128k16.f32.bf16.bf16", QMOE_WG_DREGS64, QMOE_WG_ACC64("+f", 0),
+               "%64, %65", "%66", ", 1, 1, 0, 0");
 #else
   (void)d, (void)adesc, (void)bdesc;
 #endif
