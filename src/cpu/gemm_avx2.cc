@@ -1,368 +1,18 @@
-// AVX2 GEMM kernels (compiled with -mavx2 -mfma -mf16c): the AVX-512 design at 8 lanes.
-// Row-major micro-kernels over 2 weight rows × up to 4 tokens, weights decoded in registers,
-// one accumulator per (token, row), horizontal sums at the end of the row.
-//   F32 : 32 weights per step as four 8-lane fp32 vectors (fp4: 8-entry magnitude table × block
-//         scale through vpermps plus the sign bit; fp8 / fp6 by shift/mask bit tricks).
-//   I8  : int8 sign-extended to int16, vpmaddwd into int32 (exact; vpmaddubsw could saturate).
+// The AVX2 target's GEMM translation unit (compiled with -mavx2 -mfma -mf16c): the generic kernels
+// of simd/gemm.h instantiated on the AVX2 ISA layer (simd/avx2.h), plus the AVX2-only kernels:
+//   MXFP4 weights on the F32 kind (W4A16): bf16-table decode into a register order the permuted
+//         activations follow (gemm_mxfp4_f32);
 //   Fp4Mx / Fp4Nv (W4A4): nibble → int8 table (vpshufb), vpmaddubsw / vpmaddwd exact block sums.
-// No library inline code here (see gemm_avx512.cc).
-// GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
-// variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
-#include <cstdint>
-#include <cstring>
-
-#include "cpu/kernel_iface.h"
+#include "cpu/simd/avx2.h"
+#include "cpu/simd/gemm.h"
 
 namespace qmoe::cpu {
 
 namespace {
 
-constexpr int kNR = 2;
-constexpr int kNT = 4;
+constexpr int kNR = Avx2::kNR;
+constexpr int kNT = Avx2::kNT;
 constexpr int kFp4Rows = 4;  // rows per pass of the one-token MXFP4 drivers (W4A4, W4A16)
-constexpr int64_t kPrefetchBytes = 8192;  // see Prefetch
-
-float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline float hsum(__m256 v) {
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
-}
-inline int32_t hsum_epi32(__m256i v) {
-  const __m128i b = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  const __m128i c = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
-  return _mm_cvtsi128_si32(_mm_add_epi32(c, _mm_shuffle_epi32(c, 1)));
-}
-
-// Copies n ≤ 32 bytes at p into a zero-padded 32-byte buffer.
-inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp) {
-  std::memset(tmp, 0, 32);
-  std::memcpy(tmp, p, static_cast<size_t>(n));
-  return tmp;
-}
-
-inline __m128i load8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
-
-struct RowSet {
-  const uint8_t* row[kNR];
-  const uint8_t* scales[kNR];
-};
-
-RowSet row_set(const WeightView& w, const int* rows, int scale_cols) {
-  RowSet r;
-  for (int i = 0; i < kNR; ++i) {
-    r.row[i] = w.data + static_cast<int64_t>(rows[i]) * w.row_bytes;
-    r.scales[i] = w.scales ? w.scales + static_cast<int64_t>(rows[i]) * scale_cols : nullptr;
-  }
-  return r;
-}
-
-// Decoders: load(i, k, w[4]) = weights [k, k+32) of row slot i in act order, zeros beyond K.
-struct DecF32 {
-  RowSet rs;
-  int K;
-  static constexpr int kStep = 32;
-  void load(int i, int k, __m256* w) const {
-    const float* p = reinterpret_cast<const float*>(rs.row[i]) + k;
-    if (k + 32 <= K) {
-      for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps(p + 8 * j);
-    } else {
-      alignas(32) float tmp[32] = {};
-      std::memcpy(tmp, p, static_cast<size_t>(K - k) * 4);
-      for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(tmp + 8 * j);
-    }
-  }
-};
-
-template <bool kBf16>
-struct DecHalf {
-  RowSet rs;
-  int K;
-  static __m256 cvt(__m128i h) {
-    if (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-  }
-  static constexpr int kStep = 32;
-  void load(int i, int k, __m256* w) const {
-    const uint8_t* p = rs.row[i] + 2 * k;
-    uint8_t tmp[64];
-    if (k + 32 > K) {
-      std::memset(tmp, 0, 64);
-      std::memcpy(tmp, p, static_cast<size_t>(K - k) * 2);
-      p = tmp;
-    }
-    for (int j = 0; j < 4; ++j) w[j] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)));
-  }
-};
-
-// FP8 or INT8. FP8 goes through fp16: h = ((c << 8) >>arith 1) & 0xBF80 is the value × 2^−8
-// (subnormals included), restored by kPostScale in the epilogue.
-template <bool kFp8>
-struct DecByte {
-  RowSet rs;
-  int K;
-  static constexpr int kStep = 32;
-  static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
-  void load(int i, int k, __m256* w) const {
-    const uint8_t* p = rs.row[i] + k;
-    uint8_t tmp[32];
-    if (k + 32 > K) p = padded(p, K - k, tmp);
-    for (int j = 0; j < 4; ++j) {
-      const __m128i b = load8(p + 8 * j);
-      if (kFp8) {
-        const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8), 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
-        w[j] = _mm256_cvtph_ps(h);
-      } else {
-        w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-      }
-    }
-  }
-};
-
-// e2m1 nibbles (in the low 4 bits of each dword) → value × scale: magnitude from an 8-entry
-// table (pre-multiplied by the block scale, which may be negative for NVFP4), sign bit 3 XORed in.
-inline __m256 e2m1_lookup(__m256i nib, __m256 tbl) {
-  const __m256 mag = _mm256_permutevar8x32_ps(tbl, nib);
-  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nib, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(mag), sign));
-}
-
-const float kE2m1Mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-// MXFP4 (one scale per 32-group) / NVFP4 (bytes 0..7 and 8..15 of a group are two 16-blocks):
-// 64 weights per step in act order [even g | even g+1 | odd g | odd g+1] (ActLayout), 8 vectors.
-template <bool kMx>
-struct DecFp4 {
-  RowSet rs;
-  int K;
-  const float* table;  // e8m0 or fp8 values
-  float ws2;
-  __m256 base;
-  static constexpr int kStep = 64;
-  __m256 factor_table(int b, int nblocks, const uint8_t* sc) const {
-    if (b >= nblocks) return _mm256_setzero_ps();
-    return _mm256_mul_ps(base, _mm256_set1_ps(kMx ? table[sc[b]] : table[sc[b]] * ws2));
-  }
-  // One group (16 bytes at p, `bytes` of them valid): even → e[0..1], odd → o[0..1].
-  void group(const uint8_t* p, int bytes, __m256 ta, __m256 tb, __m256* e, __m256* o) const {
-    uint8_t tmp[32];
-    if (bytes < 16) p = padded(p, bytes < 0 ? 0 : bytes, tmp);
-    const __m256i lo_mask = _mm256_set1_epi32(15);
-    const __m256i xa = _mm256_cvtepu8_epi32(load8(p));
-    const __m256i xb = _mm256_cvtepu8_epi32(load8(p + 8));
-    e[0] = e2m1_lookup(_mm256_and_si256(xa, lo_mask), ta);
-    e[1] = e2m1_lookup(_mm256_and_si256(xb, lo_mask), tb);
-    o[0] = e2m1_lookup(_mm256_srli_epi32(xa, 4), ta);
-    o[1] = e2m1_lookup(_mm256_srli_epi32(xb, 4), tb);
-  }
-  void load(int i, int k, __m256* w) const {
-    const int g = k >> 5;
-    const uint8_t* sc = rs.scales[i];
-    const uint8_t* p = rs.row[i] + (k >> 1);
-    const int bytes = (K - k) >> 1;
-    for (int h = 0; h < 2; ++h) {
-      __m256 ta, tb;
-      if (kMx) {
-        ta = tb = factor_table(g + h, K >> 5, sc);
-      } else {
-        ta = factor_table(2 * (g + h), K >> 4, sc);
-        tb = factor_table(2 * (g + h) + 1, K >> 4, sc);
-      }
-      if (bytes - 16 * h <= 0) {
-        w[2 * h] = w[2 * h + 1] = w[4 + 2 * h] = w[5 + 2 * h] = _mm256_setzero_ps();
-        continue;
-      }
-      group(p + 16 * h, bytes - 16 * h, ta, tb, w + 2 * h, w + 4 + 2 * h);
-    }
-  }
-};
-
-// MXFP6: 8 elements = 6 bytes; 128-bit lane 0 takes bytes 0..2 (elements 0..3), lane 1 bytes 3..5.
-template <bool kE2M3>
-struct DecFp6 {
-  RowSet rs;
-  int K;
-  const float* e8;
-  static __m256 eight(const uint8_t* p) {
-    uint64_t v = 0;
-    std::memcpy(&v, p, 6);
-    const __m256i b = _mm256_set1_epi64x(static_cast<long long>(v));
-    const __m256i idx = _mm256_setr_epi8(0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128,  //
-                                         3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128);
-    const __m256i wv = _mm256_shuffle_epi8(b, idx);
-    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
-    __m256i bits;
-    float mul;
-    if (kE2M3) {
-      bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 6), _mm256_set1_epi32(static_cast<int>(0x81F00000u)));
-      mul = bits_to_float(0x7E800000u);  // 2^126
-    } else {
-      bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 5), _mm256_set1_epi32(static_cast<int>(0x83E00000u)));
-      mul = bits_to_float(0x7D800000u);  // 2^124
-    }
-    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(mul));
-  }
-  static constexpr int kStep = 32;
-  void load(int i, int k, __m256* w) const {
-    const __m256 s = _mm256_set1_ps(e8[rs.scales[i][k >> 5]]);
-    const uint8_t* p = rs.row[i] + (k >> 2) * 3;
-    for (int j = 0; j < 4; ++j) w[j] = _mm256_mul_ps(eight(p + 6 * j), s);
-  }
-};
-
-struct DecBuf {
-  const float* buf;
-  int ld;
-  static constexpr int kStep = 32;
-  void load(int i, int k, __m256* w) const {
-    for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps(buf + static_cast<int64_t>(i) * ld + k + 8 * j);
-  }
-};
-
-// Software prefetch of a later row block in address order: the kNR rows are read interleaved,
-// short streams the hardware prefetchers follow poorly, so step s of row i fetches the bytes
-// (s·kNR + i)·step_bytes of the block ≥ kPrefetchBytes ahead (see simd_avx512.h).
-inline int64_t prefetch_distance(int64_t block_bytes) {
-  return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
-}
-inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int bytes_per_step) {
-  const uint8_t* p = block + dist + (static_cast<int64_t>(step) * kNR + i) * bytes_per_step;
-  for (int off = 0; off < bytes_per_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-}
-struct Prefetch {
-  const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
-  int64_t dist = 0;
-  int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
-  template <int kStep>
-  void at(int i, int k) const {
-    if (base == nullptr) return;
-    prefetch_seq(base, dist, k / kStep, i, kStep * q4 / 4);
-  }
-};
-Prefetch prefetch_of(const WeightView& w, int n0) {
-  Prefetch p;
-  p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
-  p.dist = prefetch_distance(kNR * w.row_bytes);
-  switch (w.fmt) {
-    case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: p.q4 = 2; break;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: p.q4 = 3; break;
-    default: break;
-  }
-  return p;
-}
-
-template <class D, int NT>
-void f32_kernel(const D& dec, const Prefetch& pf, const float* const* act, int kend, float (*res)[kNR]) {
-  constexpr int V = D::kStep / 8;
-  __m256 acc[NT][kNR];
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_ps();
-  for (int k = 0; k < kend; k += D::kStep) {
-#pragma GCC unroll 4
-    for (int i = 0; i < kNR; ++i) {
-      __m256 w[V];
-      pf.template at<D::kStep>(i, k);
-      dec.load(i, k, w);
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 4
-        for (int j = 0; j < V; ++j) acc[t][i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(act[t] + k + 8 * j), acc[t][i]);
-    }
-  }
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) res[t][i] = hsum(acc[t][i]);
-}
-
-template <class D>
-void f32_group(const D& dec, const Prefetch& pf, const float* const* act, int nt, int kend, float (*res)[kNR]) {
-  switch (nt) {
-    case 1: f32_kernel<D, 1>(dec, pf, act, kend, res); break;
-    case 2: f32_kernel<D, 2>(dec, pf, act, kend, res); break;
-    case 3: f32_kernel<D, 3>(dec, pf, act, kend, res); break;
-    default: f32_kernel<D, 4>(dec, pf, act, kend, res); break;
-  }
-}
-
-template <class D>
-constexpr double post_scale_of() {
-  if constexpr (requires { D::kPostScale; }) return D::kPostScale;
-  return 1.0;
-}
-
-template <class Dot, int C>
-inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Dot (*dot)[C], double post_scale = 1.0) {
-  const WeightView& w = *a.w;
-  double ws[C], bias[C];
-  for (int i = 0; i < nr; ++i) {
-    const int n = n0 + i;
-    ws[i] = (w.channel_scale ? static_cast<double>(w.channel_scale[n]) : static_cast<double>(w.tensor_scale)) * post_scale;
-    bias[i] = w.bias ? static_cast<double>(bias_value(w, n)) : 0.0;
-  }
-  for (int t = 0; t < nt; ++t) {
-    const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * a.layout->stride;
-    float rs;
-    std::memcpy(&rs, row, 4);
-    float* out = a.out + static_cast<int64_t>(j0 + t) * a.ldo + n0;
-    const float pm = a.post_mul ? a.post_mul[j0 + t] : 1.0f;
-    for (int i = 0; i < nr; ++i) {
-      float y = static_cast<float>(static_cast<double>(dot[t][i]) * rs * ws[i] + bias[i]);
-      if (a.post_mul) y *= pm;
-      out[i] = y;
-    }
-  }
-}
-
-template <class D, class Make>
-void run_f32(const GemmArgs& a, Make make_dec) {
-  const ActLayout& l = *a.layout;
-  const int K = a.w->cols;
-  const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
-  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
-    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
-    int rows[kNR];
-    for (int i = 0; i < kNR; ++i) rows[i] = n0 + (i < nr ? i : nr - 1);
-    const D dec = make_dec(rows);
-    float dot[kNT][kNR];
-    if (a.ntok <= kNT) {
-      const float* act[kNT];
-      for (int t = 0; t < a.ntok; ++t)
-        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
-      f32_group(dec, prefetch_of(*a.w, n0), act, a.ntok, kend, dot);
-      epilogue(a, n0, nr, 0, a.ntok, dot, post_scale_of<D>());
-      continue;
-    }
-    float* buf = static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kend)));
-    const Prefetch pf = prefetch_of(*a.w, n0);
-    for (int i = 0; i < kNR; ++i)
-      for (int k = 0; k < kend; k += D::kStep) {
-        pf.template at<D::kStep>(i, k);
-        __m256 w[D::kStep / 8];
-        dec.load(i, k, w);
-        for (int j = 0; j < D::kStep / 8; ++j) _mm256_storeu_ps(buf + static_cast<int64_t>(i) * kend + k + 8 * j, w[j]);
-      }
-    const DecBuf bdec{buf, kend};
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
-      const float* act[kNT];
-      for (int t = 0; t < nt; ++t)
-        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride + l.vals_off);
-      f32_group(bdec, Prefetch{}, act, nt, kend, dot);
-      epilogue(a, n0, nr, j0, nt, dot, post_scale_of<D>());
-    }
-  }
-}
 
 // E8M0 bytes sc[0..nb) → 2^(s−127) as fp32 bits (s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet
 // NaN 0x7FC00000, e8m0_decode's values), then 16 zeros.
@@ -515,7 +165,8 @@ void mxfp4w_kernel(const uint8_t* const* rows, const float* const* f, const floa
 // per tile (× block factor, exact: powers of two) into a row buffer in that order, then the F32
 // kernel over the buffer for every 4 tokens.
 constexpr int kMxfp4wTile = 128;
-void gemm_mxfp4_f32(const GemmArgs& a) {
+template <>
+void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
   const WeightView& w = *a.w;
   const int K = w.cols;
   const ActLayout& l = *a.layout;
@@ -579,57 +230,18 @@ void gemm_mxfp4_f32(const GemmArgs& a) {
           for (int j = 0; j < 8; ++j) _mm256_storeu_ps(b + k + 8 * j, _mm256_mul_ps(wv[j], sv));
         }
       }
-      const DecBuf bdec{buf, kch};
+      const DecBuf<Avx2> bdec{buf, kch};
       for (int j0 = 0; j0 < ntt; j0 += kNT) {
         const int nt = ntt - j0 < kNT ? ntt - j0 : kNT;
         const float* act[kNT];
         for (int t = 0; t < nt; ++t) act[t] = xperm + static_cast<int64_t>(j0 + t) * kch;
         float bdot[kNT][kNR];
-        f32_group(bdec, Prefetch{}, act, nt, kch, bdot);
+        f32_group<Avx2>(bdec, Prefetch<kNR>{}, act, nt, kch, bdot);
         epilogue(a, n0, nr, t0 + j0, nt, bdot);
       }
     }
   }
 }
-
-void gemm_f32(const GemmArgs& a) {
-  const WeightView& w = *a.w;
-  const int K = w.cols;
-  switch (w.fmt) {
-    case WeightFormat::BF16:
-      if (w.dtype == DType::BF16)
-        run_f32<DecHalf<true>>(a, [&](const int* r) { return DecHalf<true>{row_set(w, r, 0), K}; });
-      else if (w.dtype == DType::F16)
-        run_f32<DecHalf<false>>(a, [&](const int* r) { return DecHalf<false>{row_set(w, r, 0), K}; });
-      else
-        run_f32<DecF32>(a, [&](const int* r) { return DecF32{row_set(w, r, 0), K}; });
-      break;
-    case WeightFormat::Fp8E4M3:
-      run_f32<DecByte<true>>(a, [&](const int* r) { return DecByte<true>{row_set(w, r, 0), K}; });
-      break;
-    case WeightFormat::Int8:
-      run_f32<DecByte<false>>(a, [&](const int* r) { return DecByte<false>{row_set(w, r, 0), K}; });
-      break;
-    case WeightFormat::Mxfp4: gemm_mxfp4_f32(a); break;
-    case WeightFormat::Nvfp4: {
-      const __m256 base = _mm256_loadu_ps(kE2m1Mag);
-      const float* f8 = fp8_e4m3_table();
-      run_f32<DecFp4<false>>(a, [&](const int* r) { return DecFp4<false>{row_set(w, r, K / 16), K, f8, w.nv_global, base}; });
-      break;
-    }
-    case WeightFormat::Mxfp6E2M3: {
-      const float* e8 = e8m0_table();
-      run_f32<DecFp6<true>>(a, [&](const int* r) { return DecFp6<true>{row_set(w, r, K / 32), K, e8}; });
-      break;
-    }
-    case WeightFormat::Mxfp6E3M2: {
-      const float* e8 = e8m0_table();
-      run_f32<DecFp6<false>>(a, [&](const int* r) { return DecFp6<false>{row_set(w, r, K / 32), K, e8}; });
-      break;
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // W4A4 (Fp4Mx / Fp4Nv): exact int8 dot products of 2·e2m1 values. Weights: a 16-entry byte table
 // (vpshufb on the nibbles) gives 2·e2m1 + 12 ∈ [0, 24] (unsigned); activations: the layout's int8
@@ -816,69 +428,14 @@ void gemm_fp4(const GemmArgs& a) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// I8: 16 codes per step, int16 products summed pairwise into int32 (exact).
-template <int NT>
-void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* act, int K, int32_t (*res)[kNR]) {
-  const int64_t dist = prefetch_distance(kNR * stride);
-  __m256i acc[NT][kNR];
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm256_setzero_si256();
-  for (int k = 0; k < K; k += 16) {
-    __m256i av[NT];
-    for (int t = 0; t < NT; ++t) av[t] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(act[t] + k)));
-    for (int i = 0; i < kNR; ++i) {
-      if ((k & 63) == 0) prefetch_seq(w[0], dist, k >> 6, i, 64);
-      __m128i wb;
-      if (k + 16 <= K) {
-        wb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i] + k));
-      } else {
-        uint8_t tmp[32];
-        wb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(padded(w[i] + k, K - k, tmp)));
-      }
-      const __m256i wv = _mm256_cvtepi8_epi16(wb);
-      for (int t = 0; t < NT; ++t) acc[t][i] = _mm256_add_epi32(acc[t][i], _mm256_madd_epi16(wv, av[t]));
-    }
-  }
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < kNR; ++i) res[t][i] = hsum_epi32(acc[t][i]);
-}
-
-void gemm_i8(const GemmArgs& a) {
-  const ActLayout& l = *a.layout;
-  const WeightView& w = *a.w;
-  const int K = w.cols;
-  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
-    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
-    const uint8_t* wr[kNR];
-    for (int i = 0; i < kNR; ++i) wr[i] = w.data + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * w.row_bytes;
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
-      const uint8_t* act[kNT];
-      for (int t = 0; t < nt; ++t) act[t] = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride + l.vals_off;
-      int32_t ires[kNT][kNR];
-      switch (nt) {
-        case 1: i8_kernel<1>(wr, w.row_bytes, act, K, ires); break;
-        case 2: i8_kernel<2>(wr, w.row_bytes, act, K, ires); break;
-        case 3: i8_kernel<3>(wr, w.row_bytes, act, K, ires); break;
-        default: i8_kernel<4>(wr, w.row_bytes, act, K, ires); break;
-      }
-      double dot[kNT][kNR];
-      for (int t = 0; t < nt; ++t)
-        for (int i = 0; i < kNR; ++i) dot[t][i] = static_cast<double>(ires[t][i]);
-      epilogue(a, n0, nr, j0, nt, dot);
-    }
-  }
-}
-
 }  // namespace
 
 void gemm_avx2(const GemmArgs& a) {
   switch (a.layout->kind) {
-    case DotKind::I8: gemm_i8(a); break;
+    case DotKind::I8: gemm_i8<Avx2>(a); break;
     case DotKind::Fp4Mx: gemm_fp4<true>(a); break;
     case DotKind::Fp4Nv: gemm_fp4<false>(a); break;
-    case DotKind::F32: gemm_f32(a); break;
+    case DotKind::F32: gemm_f32<Avx2>(a); break;
     case DotKind::Bf16: scalar_kernels().gemm(a); break;  // not selected on AVX2 (dot_kind_for)
   }
 }

@@ -4,12 +4,16 @@
 //  * 16-row tiles: 16 rows in the 16 lanes, decoded once per tile, each token one vpdpbusd per 4
 //    weights × 16 rows (many tokens per expert: the compute-bound regime).
 // Both compute exact integer sums per block (2·e2m1 × 2·e2m1) and scale them in fp32.
-// No library inline code here (see gemm_avx512.cc).
-#include "cpu/simd_avx512.h"
+// No library inline code here (see simd/gemm.h).
+#include "cpu/simd/avx512.h"
+#include "cpu/simd/gemm.h"
 
 namespace qmoe::cpu {
 
 namespace {
+
+constexpr int kNR = Avx512::kNR;
+constexpr int kNT = Avx512::kNT;
 
 // ---------------------------------------------------------------------------------------------
 // Fp4 W4A4: 64 weights (two 32-groups) per step. Weights: the 32 packed bytes broadcast to both

@@ -3,8 +3,8 @@
 // scaling by powers of two and single IEEE multiplications / divisions are exact replicas, and the
 // minifloat rounding (round_minifloat) is round-to-nearest-even with saturation, checked against
 // the formats.h encoders by the tests. The activation is evaluated in double like the reference.
-// No library inline code here (see gemm_avx512.cc).
-#include "cpu/simd_avx512.h"
+// No library inline code here (see simd/gemm.h).
+#include "cpu/simd/avx512.h"
 
 namespace qmoe::cpu {
 

@@ -1,0 +1,196 @@
+// The AVX2 target of the CPU kernels (AVX2 + FMA + F16C): include only from translation units
+// compiled with the AVX2 flags (*_avx2.cc). Everything is in an anonymous namespace (internal
+// linkage), so no AVX2 instance of these functions can be picked by the linker for another
+// translation unit.
+//   vector    __m256 (8 fp32 lanes), __m256i
+//   rows      2 weight rows × ≤ 4 tokens per micro-kernel
+//   I8 step   int8 sign-extended to int16, vpmaddwd into int32 (exact; vpmaddubsw could
+//             saturate), 16 codes per step
+#pragma once
+
+// GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
+// variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+
+namespace qmoe::cpu {
+namespace {
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float hsum(__m256 v) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+inline int32_t hsum_epi32(__m256i v) {
+  const __m128i b = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i c = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
+  return _mm_cvtsi128_si32(_mm_add_epi32(c, _mm_shuffle_epi32(c, 1)));
+}
+
+// Copies n ≤ 32 bytes at p into a zero-padded 32-byte buffer.
+inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp) {
+  std::memset(tmp, 0, 32);
+  std::memcpy(tmp, p, static_cast<size_t>(n));
+  return tmp;
+}
+
+inline __m128i load8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+
+// e2m1 nibbles (in the low 4 bits of each dword) → value × scale: magnitude from an 8-entry
+// table (pre-multiplied by the block scale, which may be negative for NVFP4), sign bit 3 XORed in.
+inline __m256 e2m1_lookup(__m256i nib, __m256 tbl) {
+  const __m256 mag = _mm256_permutevar8x32_ps(tbl, nib);
+  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nib, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(mag), sign));
+}
+
+const float kE2m1Mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// One fp4 group (16 bytes at p, `bytes` of them valid): even elements → e[0..1], odd → o[0..1];
+// ta / tb: the tables of bytes 0..7 / 8..15 (NVFP4: two 16-blocks; MX: the same table).
+inline void fp4_group(const uint8_t* p, int bytes, __m256 ta, __m256 tb, __m256* e, __m256* o) {
+  uint8_t tmp[32];
+  if (bytes < 16) p = padded(p, bytes < 0 ? 0 : bytes, tmp);
+  const __m256i lo_mask = _mm256_set1_epi32(15);
+  const __m256i xa = _mm256_cvtepu8_epi32(load8(p));
+  const __m256i xb = _mm256_cvtepu8_epi32(load8(p + 8));
+  e[0] = e2m1_lookup(_mm256_and_si256(xa, lo_mask), ta);
+  e[1] = e2m1_lookup(_mm256_and_si256(xb, lo_mask), tb);
+  o[0] = e2m1_lookup(_mm256_srli_epi32(xa, 4), ta);
+  o[1] = e2m1_lookup(_mm256_srli_epi32(xb, 4), tb);
+}
+
+// MXFP6: 8 elements = 6 bytes; 128-bit lane 0 takes bytes 0..2 (elements 0..3), lane 1 bytes 3..5.
+template <bool kE2M3>
+inline __m256 fp6_eight(const uint8_t* p) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, 6);
+  const __m256i b = _mm256_set1_epi64x(static_cast<long long>(v));
+  const __m256i idx = _mm256_setr_epi8(0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128,  //
+                                       3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128);
+  const __m256i wv = _mm256_shuffle_epi8(b, idx);
+  const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
+  __m256i bits;
+  float mul;
+  if (kE2M3) {
+    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 6), _mm256_set1_epi32(static_cast<int>(0x81F00000u)));
+    mul = bits_to_float(0x7E800000u);  // 2^126
+  } else {
+    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 5), _mm256_set1_epi32(static_cast<int>(0x83E00000u)));
+    mul = bits_to_float(0x7D800000u);  // 2^124
+  }
+  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(mul));
+}
+
+// The ISA layer of the AVX2 target, as the generic kernels (simd/gemm.h) use it.
+struct Avx2 {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int kLanes = 8;
+  static constexpr int kNR = 2;  // weight rows per micro-kernel
+  static constexpr int kNT = 4;  // tokens per micro-kernel
+  // Target-only kernels (declared in simd/gemm.h, defined in this target's translation units).
+  static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
+  static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
+
+  static F zero() { return _mm256_setzero_ps(); }
+  static F loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  template <int NR>
+  static void hsum_rows(const F (&acc)[NR], float* out) {
+    for (int i = 0; i < NR; ++i) out[i] = hsum(acc[i]);
+  }
+
+  // F32-kind decoders: the 32 weights [k, k + 32) of a row as 4 vectors, `n` of them inside K
+  // (zeros beyond).
+  static void dec_f32(const float* p, int n, F* w) {
+    if (n >= 32) {
+      for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps(p + 8 * j);
+    } else {
+      alignas(32) float tmp[32] = {};
+      std::memcpy(tmp, p, static_cast<size_t>(n) * 4);
+      for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(tmp + 8 * j);
+    }
+  }
+  template <bool kBf16>
+  static void dec_half(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[64];
+    if (n < 32) {
+      std::memset(tmp, 0, 64);
+      std::memcpy(tmp, p, static_cast<size_t>(n) * 2);
+      p = tmp;
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j));
+      if (kBf16) w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      else w[j] = _mm256_cvtph_ps(h);
+    }
+  }
+  // FP8 through fp16: h = ((c << 8) >>arith 1) & 0xBF80 is the value × 2^−8 (subnormals
+  // included; the 2^8 goes into the epilogue).
+  static void dec_fp8(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[32];
+    if (n < 32) p = padded(p, n, tmp);
+    for (int j = 0; j < 4; ++j) {
+      const __m128i b = load8(p + 8 * j);
+      const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8), 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
+      w[j] = _mm256_cvtph_ps(h);
+    }
+  }
+  static void dec_i8(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[32];
+    if (n < 32) p = padded(p, n, tmp);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(p + 8 * j)));
+  }
+  template <bool kE2M3>
+  static void dec_fp6(const uint8_t* p, float s, F* w) {
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_mul_ps(fp6_eight<kE2M3>(p + 6 * j), sv);
+  }
+  // FP4, 64 weights in act order [even g | even g+1 | odd g | odd g+1] as 8 vectors (see Avx512).
+  static F fp4_base() { return _mm256_loadu_ps(kE2m1Mag); }
+  template <bool kMx>
+  static void dec_fp4(const uint8_t* p, int bytes, const float* f, F base, F* w) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256 ta = _mm256_mul_ps(base, _mm256_set1_ps(kMx ? f[h] : f[2 * h]));
+      const __m256 tb = kMx ? ta : _mm256_mul_ps(base, _mm256_set1_ps(f[2 * h + 1]));
+      if (bytes - 16 * h <= 0) {
+        w[2 * h] = w[2 * h + 1] = w[4 + 2 * h] = w[5 + 2 * h] = _mm256_setzero_ps();
+        continue;
+      }
+      fp4_group(p + 16 * h, bytes - 16 * h, ta, tb, w + 2 * h, w + 4 + 2 * h);
+    }
+  }
+
+  // I8 kind: 16 codes per step, int16 products summed pairwise into int32 (no offset).
+  static constexpr int kI8Step = 16;
+  static constexpr int kI8Offset = 0;
+  static I izero() { return _mm256_setzero_si256(); }
+  static I i8_act(const uint8_t* x) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
+  static I i8_weights(const uint8_t* p, int n) {
+    if (n >= 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    uint8_t tmp[32];
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(padded(p, n, tmp))));
+  }
+  static I i8_dot(I acc, I w, I x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
+  template <int NR>
+  static void hsum_rows_i32(const I (&acc)[NR], int32_t* out) {
+    for (int i = 0; i < NR; ++i) out[i] = hsum_epi32(acc[i]);
+  }
+};
+
+}  // namespace
+}  // namespace qmoe::cpu

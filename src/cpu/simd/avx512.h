@@ -1,0 +1,234 @@
+// The AVX-512 target of the CPU kernels (src/cpu/simd/README-style summary in gemm.h): include only
+// from translation units compiled with the AVX-512 flags (*_avx512.cc). Everything is in an
+// anonymous namespace (internal linkage), so no AVX-512 instance of these functions can be picked
+// by the linker for another translation unit.
+//   vector    __m512 (16 fp32 lanes), __m512i
+//   rows      4 weight rows × ≤ 4 tokens per micro-kernel
+//   I8 step   vpdpbusd on (w XOR 0x80) as unsigned × activation codes as signed, corrected by
+//             128·Σcodes (exact int32), 64 codes per step
+#pragma once
+
+// GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
+// variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+
+namespace qmoe::cpu {
+
+// W4A4 entry points (gemm_fp4_avx512.cc).
+void gemm_fp4_mx_avx512(const GemmArgs& a);
+void gemm_fp4_nv_avx512(const GemmArgs& a);
+
+namespace {
+
+inline __mmask16 mask16(int n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1u); }
+inline __mmask32 mask32(int n) { return n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0u : static_cast<__mmask32>((1u << n) - 1u); }
+inline __mmask64 mask64(int n) { return n >= 64 ? ~0ull : n <= 0 ? 0ull : ((1ull << n) - 1ull); }
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float hsum(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+
+// Horizontal sums of 4 int32 accumulators → [Σa0, Σa1, Σa2, Σa3] (exact).
+inline __m128i hsum4_epi32(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+  const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+  const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// Horizontal sums of 4 accumulators → [Σa0, Σa1, Σa2, Σa3].
+inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));  // a0 a1 a0 a1 per lane
+  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));  // a0 a1 a2 a3 per lane
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// FP8 E4M3 code c → (c << 24) >>arith 4 keeps the sign in bit 31 and puts exponent|mantissa at
+// bits 26..20 (an fp32 of value v·2^−120, subnormals included), then × 2^120. Codes 0x7F/0xFF
+// (NaN) decode as ±480: NaN weights are not representable here.
+inline __m512 fp8_to_f32(__m128i bytes) {
+  const __m512i c = _mm512_cvtepu8_epi32(bytes);
+  const __m512i b = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(b), _mm512_set1_ps(bits_to_float(0x7B800000u)));  // 2^120
+}
+
+// FP4 group decode through a 16-entry table pre-multiplied by its block factor (e2m1 × factor: one
+// rounding, as the reference; exact for MX powers of two). NVFP4 groups hold two 16-blocks
+// (bytes 0..7, 8..15): lanes 8..15 index the second table.
+inline void fp4_group_decode(__m128i bytes, __m512 ta, __m512 tb, bool two_tables, __m512& even, __m512& odd) {
+  const __m512i x = _mm512_cvtepu8_epi32(bytes);
+  if (!two_tables) {
+    even = _mm512_permutexvar_ps(x, ta);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), ta);
+    return;
+  }
+  const __m512i hi16 = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+  even = _mm512_permutex2var_ps(ta, _mm512_or_si512(_mm512_and_si512(x, _mm512_set1_epi32(15)), hi16), tb);
+  odd = _mm512_permutex2var_ps(ta, _mm512_or_si512(_mm512_srli_epi32(x, 4), hi16), tb);
+}
+
+// MXFP6 (natural order): 16 elements = 12 bytes; each 128-bit lane L takes bytes 3L..3L+2 of its
+// 4-element group into every dword, shifts by 6·j and masks 6 bits. Code → fp32 bits:
+// (c << 26) >>arith (6 − (mbits−2)) puts the sign at 31 and exponent|mantissa right below the
+// fp32 exponent field's alignment, × 2^(127 − bias) (exact, subnormals included).
+template <bool kE2M3>
+inline __m512 fp6_half16(const uint8_t* p) {
+  const __m128i b = _mm_maskz_loadu_epi8(0x0FFF, p);
+  const __m512i v = _mm512_broadcast_i32x4(b);
+  const __m512i idx = _mm512_set_epi8(
+      -128, 11, 10, 9, -128, 11, 10, 9, -128, 11, 10, 9, -128, 11, 10, 9,  //
+      -128, 8, 7, 6, -128, 8, 7, 6, -128, 8, 7, 6, -128, 8, 7, 6,          //
+      -128, 5, 4, 3, -128, 5, 4, 3, -128, 5, 4, 3, -128, 5, 4, 3,          //
+      -128, 2, 1, 0, -128, 2, 1, 0, -128, 2, 1, 0, -128, 2, 1, 0);
+  const __m512i w = _mm512_shuffle_epi8(v, idx);
+  const __m512i sh = _mm512_set_epi32(18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0);
+  const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32(0x3F));
+  __m512i bits;
+  float mul;
+  if (kE2M3) {
+    bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), 6), _mm512_set1_epi32(static_cast<int>(0x81F00000u)));
+    mul = bits_to_float(0x7E800000u);  // 2^126
+  } else {
+    bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), 5), _mm512_set1_epi32(static_cast<int>(0x83E00000u)));
+    mul = bits_to_float(0x7D800000u);  // 2^124
+  }
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(mul));
+}
+
+// The ISA layer of the AVX-512 target, as the generic kernels (simd/gemm.h) use it.
+struct Avx512 {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kLanes = 16;
+  static constexpr int kNR = 4;  // weight rows per micro-kernel
+  static constexpr int kNT = 4;  // tokens per micro-kernel
+  // Target-only kernels (declared in simd/gemm.h, defined in this target's translation units).
+  static constexpr bool kMxfp4F32Kernel = false;  // MXFP4 on the F32 kind: the generic DecFp4 path
+  static constexpr bool kBf16Dot = true;          // DotKind::Bf16: vdpbf16ps (gemm_avx512.cc)
+
+  static F zero() { return _mm512_setzero_ps(); }
+  static F loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  // out[i] = Σ lanes of acc[i], i < NR.
+  template <int NR>
+  static void hsum_rows(const F (&acc)[NR], float* out) {
+    if constexpr (NR == 4) _mm_storeu_ps(out, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    else
+      for (int i = 0; i < NR; ++i) out[i] = hsum(acc[i]);
+  }
+
+  // F32-kind decoders: the 32 weights [k, k + 32) of a row as 2 vectors, `n` of them inside K
+  // (zeros beyond).
+  static void dec_f32(const float* p, int n, F* w) {
+    if (n >= 32) {
+      w[0] = _mm512_loadu_ps(p);
+      w[1] = _mm512_loadu_ps(p + 16);
+    } else {
+      w[0] = _mm512_maskz_loadu_ps(mask16(n), p);
+      w[1] = _mm512_maskz_loadu_ps(mask16(n - 16), p + 16);
+    }
+  }
+  static F bf16_cvt(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  template <bool kBf16>
+  static void dec_half(const uint8_t* q, int n, F* w) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(q);
+    auto cvt = [](__m256i h) { return kBf16 ? bf16_cvt(h) : _mm512_cvtph_ps(h); };
+    if (n >= 32) {
+      w[0] = cvt(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      w[1] = cvt(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+    } else {
+      w[0] = cvt(_mm256_maskz_loadu_epi16(mask16(n), p));
+      w[1] = cvt(_mm256_maskz_loadu_epi16(mask16(n - 16), p + 16));
+    }
+  }
+  // FP8 through fp16: h = ((c << 8) >>arith 1) & 0xBF80 (sign at 15, exponent|mantissa at 13..7)
+  // is the value × 2^−8 as a half, subnormals included (the 2^8 goes into the epilogue).
+  static void dec_fp8(const uint8_t* p, int n, F* w) {
+    const __m256i raw = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                : _mm256_maskz_loadu_epi8(static_cast<__mmask32>((1ull << n) - 1ull), p);
+    const __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(_mm512_cvtepu8_epi16(raw), 8), 1),
+                                       _mm512_set1_epi16(static_cast<short>(0xBF80)));
+    w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    w[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  }
+  static void dec_i8(const uint8_t* p, int n, F* w) {
+    auto cvt = [](__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); };
+    if (n >= 32) {
+      w[0] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      w[1] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    } else {
+      w[0] = cvt(_mm_maskz_loadu_epi8(mask16(n), p));
+      w[1] = cvt(_mm_maskz_loadu_epi8(mask16(n - 16), p + 16));
+    }
+  }
+  // MXFP6, 32 elements (24 bytes at p, natural order) × the block scale s.
+  template <bool kE2M3>
+  static void dec_fp6(const uint8_t* p, float s, F* w) {
+    const __m512 sv = _mm512_set1_ps(s);
+    w[0] = _mm512_mul_ps(fp6_half16<kE2M3>(p), sv);
+    w[1] = _mm512_mul_ps(fp6_half16<kE2M3>(p + 12), sv);
+  }
+  // FP4 (MXFP4 / NVFP4), 64 weights (the 32 packed bytes at p, `bytes` of them inside K) in act
+  // order [even g | even g+1 | odd g | odd g+1] as 4 vectors; f: the block factors of the chunk
+  // (MX: groups g, g+1; NVFP4: its 4 16-blocks), 0 past the row.
+  static F fp4_base() { return _mm512_loadu_ps(kE2m1); }
+  template <bool kMx>
+  static void dec_fp4(const uint8_t* p, int bytes, const float* f, F base, F* w) {
+    auto table = [&](float s) { return _mm512_mul_ps(base, _mm512_set1_ps(s)); };
+    if (kMx) {
+      fp4_group_decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), table(f[0]), base, false, w[0], w[2]);
+      if (bytes >= 32) fp4_group_decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)), table(f[1]), base, false, w[1], w[3]);
+      else w[1] = w[3] = _mm512_setzero_ps();
+    } else {
+      const __m128i b0 = bytes >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(mask16(bytes), p);
+      fp4_group_decode(b0, table(f[0]), table(f[1]), true, w[0], w[2]);
+      if (bytes > 16) {
+        const __m128i b1 = bytes >= 32 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)) : _mm_maskz_loadu_epi8(mask16(bytes - 16), p + 16);
+        fp4_group_decode(b1, table(f[2]), table(f[3]), true, w[1], w[3]);
+      } else {
+        w[1] = w[3] = _mm512_setzero_ps();
+      }
+    }
+  }
+
+  // I8 kind: 64 codes per step; dot = Σ (w + 128)·x − 128·Σx.
+  static constexpr int kI8Step = 64;
+  static constexpr int kI8Offset = 128;
+  static I izero() { return _mm512_setzero_si512(); }
+  static I i8_act(const uint8_t* x) { return _mm512_loadu_si512(x); }
+  static I i8_weights(const uint8_t* p, int n) {
+    return _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask64(n), p), _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  static I i8_dot(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  template <int NR>
+  static void hsum_rows_i32(const I (&acc)[NR], int32_t* out) {
+    static_assert(NR == 4);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), hsum4_epi32(acc[0], acc[1], acc[2], acc[3]));
+  }
+};
+
+}  // namespace
+}  // namespace qmoe::cpu

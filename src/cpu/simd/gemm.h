@@ -1,0 +1,390 @@
+// The CPU GEMM kernels, written once against a target's ISA layer T (simd/avx2.h, simd/avx512.h)
+// and compiled once per target by that target's translation unit (gemm_<target>.cc, with its -m
+// flags; CMakeLists.txt). Selected at run time through KernelTable (kernels_scalar.cc).
+//
+// Row-major micro-kernels over T::kNR weight rows × up to T::kNT tokens: each weight vector is
+// decoded once in registers from the packed format and used for every token of the group; one
+// fp32 / int32 accumulator vector per (token, row), reduced horizontally at the end of the row.
+//   F32 : 32 weights per step (64 for fp4) decoded by T::dec_* (block scale folded into a table
+//         for fp4; shift/mask bit tricks for fp8 / fp6, checked against formats.h by the tests),
+//         then FMA with the fp32 activation values. Experts with more tokens than one group decode
+//         their rows once into a per-thread buffer.
+//   I8  : T::i8_dot steps of T::kI8Step codes (vpdpbusd on AVX-512, vpmaddwd on AVX2), exact
+//         int32, minus T::kI8Offset·Σcodes.
+// What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
+// hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
+// the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), and flags
+// for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files.
+// No library inline code here: only intrinsics (through T) and this header's own functions, all
+// with internal linkage, so nothing compiled for one target can be picked by the linker for
+// another.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+
+namespace qmoe::cpu {
+namespace {
+
+constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see prefetch_seq)
+
+// Row-major kernels read kNR rows interleaved, each a short stream, which the hardware
+// prefetchers follow poorly (measured on Zen 4: ~10 GB/s against ~17 GB/s sequential, one core).
+// So they prefetch a later row block in address order: step s of row i fetches the bytes
+// (s·nr + i)·bytes_per_step of the block at distance ≥ kPrefetchBytes, which sweeps that block
+// sequentially while the current one is consumed (measured back to ~16 GB/s).
+inline int64_t prefetch_distance(int64_t block_bytes) {
+  return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
+}
+inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int nr, int bytes_per_step) {
+  const uint8_t* p = block + dist + (static_cast<int64_t>(step) * nr + i) * bytes_per_step;
+  for (int off = 0; off < bytes_per_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
+template <int NR>
+struct RowSet {
+  const uint8_t* row[NR];
+  const uint8_t* scales[NR];
+};
+
+template <int NR>
+RowSet<NR> row_set(const WeightView& w, const int* rows, int scale_cols) {
+  RowSet<NR> r;
+  for (int i = 0; i < NR; ++i) {
+    r.row[i] = w.data + static_cast<int64_t>(rows[i]) * w.row_bytes;
+    r.scales[i] = w.scales ? w.scales + static_cast<int64_t>(rows[i]) * scale_cols : nullptr;
+  }
+  return r;
+}
+
+// Software prefetch of a later row block in address order (prefetch_seq).
+template <int NR>
+struct Prefetch {
+  const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
+  int64_t dist = 0;               // bytes ahead
+  int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
+  template <int kStep>
+  void at(int i, int k) const {
+    if (base == nullptr) return;
+    prefetch_seq(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+  }
+};
+template <int NR>
+Prefetch<NR> prefetch_of(const WeightView& w, int n0) {
+  Prefetch<NR> p;
+  p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+  p.dist = prefetch_distance(NR * w.row_bytes);
+  switch (w.fmt) {
+    case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
+    case WeightFormat::Mxfp4:
+    case WeightFormat::Nvfp4: p.q4 = 2; break;
+    case WeightFormat::Mxfp6E2M3:
+    case WeightFormat::Mxfp6E3M2: p.q4 = 3; break;
+    default: break;
+  }
+  return p;
+}
+
+// Decoders may produce weights × 2^−s (kPostScale = 2^s restores them in the epilogue).
+template <class D>
+constexpr double post_scale_of() {
+  if constexpr (requires { D::kPostScale; }) return D::kPostScale;
+  return 1.0;
+}
+
+// Output of one (row block, token group): y = fl32(dot · rs · ws + bias) in double (separate mul /
+// add roundings), then × router weight.
+template <class Dot, int C>
+inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Dot (*dot)[C], double post_scale = 1.0) {
+  const WeightView& w = *a.w;
+  double ws[C], bias[C];
+  for (int i = 0; i < nr; ++i) {
+    const int n = n0 + i;
+    ws[i] = (w.channel_scale ? static_cast<double>(w.channel_scale[n]) : static_cast<double>(w.tensor_scale)) * post_scale;
+    bias[i] = w.bias ? static_cast<double>(bias_value(w, n)) : 0.0;
+  }
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * a.layout->stride;
+    float rs;
+    std::memcpy(&rs, row, 4);
+    float* out = a.out + static_cast<int64_t>(j0 + t) * a.ldo + n0;
+    const float pm = a.post_mul ? a.post_mul[j0 + t] : 1.0f;
+    for (int i = 0; i < nr; ++i) {
+      const double p = static_cast<double>(dot[t][i]) * static_cast<double>(rs);
+      float y = static_cast<float>(p * ws[i] + bias[i]);
+      if (a.post_mul) y *= pm;
+      out[i] = y;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// F32 decoders: load(i, k, w) gives the kStep weights [k, k + kStep) of row slot i in activation
+// value order (zeros beyond K) as kStep / T::kLanes vectors.
+template <class T>
+struct DecF32 {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const { T::dec_f32(reinterpret_cast<const float*>(rs.row[i]) + k, K - k, w); }
+};
+
+template <class T, bool kBf16>
+struct DecHalf {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const { T::template dec_half<kBf16>(rs.row[i] + 2 * k, K - k, w); }
+};
+
+// FP8 (the value × 2^−8) or INT8.
+template <class T, bool kFp8>
+struct DecByte {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
+  void load(int i, int k, typename T::F* w) const {
+    if (kFp8) T::dec_fp8(rs.row[i] + k, K - k, w);
+    else T::dec_i8(rs.row[i] + k, K - k, w);
+  }
+};
+
+// MXFP4 (one factor per 32-group) / NVFP4 (bytes 0..7 and 8..15 of a group are two 16-blocks):
+// 64 weights per step in act order [even g | even g+1 | odd g | odd g+1] (ActLayout).
+template <class T, bool kMx>
+struct DecFp4 {
+  RowSet<T::kNR> rs;
+  int K;
+  const float* table;  // E8M0 or F8_E4M3 values
+  float ws2;
+  typename T::F base;  // T::fp4_base()
+  static constexpr int kStep = 64;
+  float factor(const uint8_t* sc, int b, int nblocks) const {
+    if (b >= nblocks) return 0.0f;
+    return kMx ? table[sc[b]] : table[sc[b]] * ws2;
+  }
+  void load(int i, int k, typename T::F* w) const {
+    const int g = k >> 5;  // first group of the chunk
+    const uint8_t* sc = rs.scales[i];
+    float f[4];
+    if (kMx) {
+      f[0] = factor(sc, g, K >> 5);
+      f[1] = factor(sc, g + 1, K >> 5);
+    } else {
+      for (int j = 0; j < 4; ++j) f[j] = factor(sc, 2 * g + j, K >> 4);
+    }
+    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), (K - k) >> 1, f, base, w);
+  }
+};
+
+template <class T, bool kE2M3>
+struct DecFp6 {
+  RowSet<T::kNR> rs;
+  int K;
+  const float* e8;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const {
+    T::template dec_fp6<kE2M3>(rs.row[i] + (k >> 2) * 3, e8[rs.scales[i][k >> 5]], w);
+  }
+};
+
+// Decoded rows in a per-thread fp32 buffer (used when an expert has more tokens than one group).
+template <class T>
+struct DecBuf {
+  const float* buf;
+  int ld;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const {
+    for (int v = 0; v < kStep / T::kLanes; ++v) w[v] = T::loadu(buf + static_cast<int64_t>(i) * ld + k + T::kLanes * v);
+  }
+};
+
+template <class T, class D, int NT>
+void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* act, int kend, float (*res)[T::kNR]) {
+  constexpr int kNR = T::kNR;
+  constexpr int V = D::kStep / T::kLanes;
+  typename T::F acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
+  for (int k = 0; k < kend; k += D::kStep) {
+#pragma GCC unroll 4
+    for (int i = 0; i < kNR; ++i) {
+      typename T::F w[V];
+      pf.template at<D::kStep>(i, k);
+      dec.load(i, k, w);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[t][i] = T::fmadd(w[v], T::loadu(act[t] + k + T::kLanes * v), acc[t][i]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t]);
+}
+
+template <class T, class D>
+void f32_group(const D& dec, const Prefetch<T::kNR>& pf, const float* const* act, int nt, int kend, float (*res)[T::kNR]) {
+  switch (nt) {
+    case 1: f32_kernel<T, D, 1>(dec, pf, act, kend, res); break;
+    case 2: f32_kernel<T, D, 2>(dec, pf, act, kend, res); break;
+    case 3: f32_kernel<T, D, 3>(dec, pf, act, kend, res); break;
+    default: f32_kernel<T, D, 4>(dec, pf, act, kend, res); break;
+  }
+}
+
+template <class T, class D, class Make>
+void run_f32(const GemmArgs& a, Make make_dec) {
+  constexpr int kNR = T::kNR, kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const int K = a.w->cols;
+  const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    int rows[kNR];
+    for (int i = 0; i < kNR; ++i) rows[i] = n0 + (i < nr ? i : nr - 1);
+    const D dec = make_dec(rows);
+    float dot[kNT][kNR];
+    if (a.ntok <= kNT) {
+      const float* act[kNT];
+      for (int t = 0; t < a.ntok; ++t)
+        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
+      f32_group<T>(dec, prefetch_of<kNR>(*a.w, n0), act, a.ntok, kend, dot);
+      epilogue(a, n0, nr, 0, a.ntok, dot, post_scale_of<D>());
+      continue;
+    }
+    // Many tokens: decode the kNR rows once into an L1/L2-resident buffer.
+    float* buf = static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kend)));
+    const Prefetch<kNR> pf = prefetch_of<kNR>(*a.w, n0);
+    for (int i = 0; i < kNR; ++i)
+      for (int k = 0; k < kend; k += D::kStep) {
+        pf.template at<D::kStep>(i, k);
+        typename T::F w[D::kStep / T::kLanes];
+        dec.load(i, k, w);
+        for (int v = 0; v < D::kStep / T::kLanes; ++v) T::storeu(buf + static_cast<int64_t>(i) * kend + k + T::kLanes * v, w[v]);
+      }
+    const DecBuf<T> bdec{buf, kend};
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      const float* act[kNT];
+      for (int t = 0; t < nt; ++t)
+        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride + l.vals_off);
+      f32_group<T>(bdec, Prefetch<kNR>{}, act, nt, kend, dot);
+      epilogue(a, n0, nr, j0, nt, dot, post_scale_of<D>());
+    }
+  }
+}
+
+// Target-only kernels, defined by the targets whose flags select them (T::kMxfp4F32Kernel,
+// T::kBf16Dot); never instantiated for the others.
+template <class T>
+void gemm_mxfp4_f32(const GemmArgs& a);
+template <class T>
+void gemm_bf16(const GemmArgs& a);
+
+template <class T>
+void gemm_f32(const GemmArgs& a) {
+  constexpr int kNR = T::kNR;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  switch (w.fmt) {
+    case WeightFormat::BF16:
+      if (w.dtype == DType::BF16)
+        run_f32<T, DecHalf<T, true>>(a, [&](const int* r) { return DecHalf<T, true>{row_set<kNR>(w, r, 0), K}; });
+      else if (w.dtype == DType::F16)
+        run_f32<T, DecHalf<T, false>>(a, [&](const int* r) { return DecHalf<T, false>{row_set<kNR>(w, r, 0), K}; });
+      else
+        run_f32<T, DecF32<T>>(a, [&](const int* r) { return DecF32<T>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Fp8E4M3:
+      run_f32<T, DecByte<T, true>>(a, [&](const int* r) { return DecByte<T, true>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Int8:
+      run_f32<T, DecByte<T, false>>(a, [&](const int* r) { return DecByte<T, false>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Mxfp4:
+      if constexpr (T::kMxfp4F32Kernel) {
+        gemm_mxfp4_f32<T>(a);
+      } else {
+        const typename T::F base = T::fp4_base();
+        const float* e8 = e8m0_table();
+        run_f32<T, DecFp4<T, true>>(a, [&](const int* r) { return DecFp4<T, true>{row_set<kNR>(w, r, K / 32), K, e8, 1.0f, base}; });
+      }
+      break;
+    case WeightFormat::Nvfp4: {
+      const typename T::F base = T::fp4_base();
+      const float* f8 = fp8_e4m3_table();
+      run_f32<T, DecFp4<T, false>>(a, [&](const int* r) { return DecFp4<T, false>{row_set<kNR>(w, r, K / 16), K, f8, w.nv_global, base}; });
+      break;
+    }
+    case WeightFormat::Mxfp6E2M3: {
+      const float* e8 = e8m0_table();
+      run_f32<T, DecFp6<T, true>>(a, [&](const int* r) { return DecFp6<T, true>{row_set<kNR>(w, r, K / 32), K, e8}; });
+      break;
+    }
+    case WeightFormat::Mxfp6E3M2: {
+      const float* e8 = e8m0_table();
+      run_f32<T, DecFp6<T, false>>(a, [&](const int* r) { return DecFp6<T, false>{row_set<kNR>(w, r, K / 32), K, e8}; });
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I8: int8 codes × int8 weights, exact int32 sums.
+template <class T, int NT>
+void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* act, int K, int32_t (*res)[T::kNR]) {
+  constexpr int kNR = T::kNR;
+  const int64_t dist = prefetch_distance(kNR * stride);
+  typename T::I acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = T::izero();
+  for (int k = 0; k < K; k += T::kI8Step) {
+    typename T::I av[NT];
+    for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
+    for (int i = 0; i < kNR; ++i) {
+      if ((k & 63) == 0) prefetch_seq(w[0], dist, k >> 6, i, kNR, 64);
+      const typename T::I wv = T::i8_weights(w[i] + k, K - k);
+      for (int t = 0; t < NT; ++t) acc[t][i] = T::i8_dot(acc[t][i], wv, av[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) T::hsum_rows_i32(acc[t], res[t]);
+}
+
+template <class T>
+void gemm_i8(const GemmArgs& a) {
+  constexpr int kNR = T::kNR, kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    const uint8_t* wr[kNR];
+    for (int i = 0; i < kNR; ++i) wr[i] = w.data + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * w.row_bytes;
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      const uint8_t* act[kNT];
+      int32_t sums[kNT];
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+        act[t] = row + l.vals_off;
+        std::memcpy(&sums[t], row + 4, 4);
+      }
+      int32_t ires[kNT][kNR];
+      switch (nt) {
+        case 1: i8_kernel<T, 1>(wr, w.row_bytes, act, K, ires); break;
+        case 2: i8_kernel<T, 2>(wr, w.row_bytes, act, K, ires); break;
+        case 3: i8_kernel<T, 3>(wr, w.row_bytes, act, K, ires); break;
+        default: i8_kernel<T, 4>(wr, w.row_bytes, act, K, ires); break;
+      }
+      double dot[kNT][kNR];
+      for (int t = 0; t < nt; ++t)
+        for (int i = 0; i < kNR; ++i) dot[t][i] = static_cast<double>(ires[t][i] - T::kI8Offset * sums[t]);
+      epilogue(a, n0, nr, j0, nt, dot);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qmoe::cpu
