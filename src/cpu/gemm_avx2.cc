@@ -428,16 +428,17 @@ void gemm_fp4(const GemmArgs& a) {
   }
 }
 
+template <>
+void gemm_w4a4<Avx2, true>(const GemmArgs& a) {
+  gemm_fp4<true>(a);
+}
+template <>
+void gemm_w4a4<Avx2, false>(const GemmArgs& a) {
+  gemm_fp4<false>(a);
+}
+
 }  // namespace
 
-void gemm_avx2(const GemmArgs& a) {
-  switch (a.layout->kind) {
-    case DotKind::I8: gemm_i8<Avx2>(a); break;
-    case DotKind::Fp4Mx: gemm_fp4<true>(a); break;
-    case DotKind::Fp4Nv: gemm_fp4<false>(a); break;
-    case DotKind::F32: gemm_f32<Avx2>(a); break;
-    case DotKind::Bf16: scalar_kernels().gemm(a); break;  // not selected on AVX2 (dot_kind_for)
-  }
-}
+void gemm_avx2(const GemmArgs& a) { gemm<Avx2>(a); }
 
 }  // namespace qmoe::cpu

@@ -282,16 +282,17 @@ void gemm_bf16<Avx512>(const GemmArgs& a) {
   }
 }
 
+template <>
+void gemm_w4a4<Avx512, true>(const GemmArgs& a) {
+  gemm_fp4_mx_avx512(a);
+}
+template <>
+void gemm_w4a4<Avx512, false>(const GemmArgs& a) {
+  gemm_fp4_nv_avx512(a);
+}
+
 }  // namespace
 
-void gemm_avx512(const GemmArgs& a) {
-  switch (a.layout->kind) {
-    case DotKind::F32: gemm_f32<Avx512>(a); break;
-    case DotKind::I8: gemm_i8<Avx512>(a); break;
-    case DotKind::Fp4Mx: gemm_fp4_mx_avx512(a); break;
-    case DotKind::Fp4Nv: gemm_fp4_nv_avx512(a); break;
-    case DotKind::Bf16: gemm_bf16<Avx512>(a); break;
-  }
-}
+void gemm_avx512(const GemmArgs& a) { gemm<Avx512>(a); }
 
 }  // namespace qmoe::cpu

@@ -138,15 +138,9 @@ struct KernelTable {
 };
 
 const KernelTable& kernel_table(Isa isa);
-// Per-ISA entry points (defined in the ISA translation units).
+// Per-target GEMM entry points (gemm_<target>.cc), read by the target's table (quant_<target>.cc).
 void gemm_avx512(const GemmArgs& a);
-void quantize_row_avx512(const QuantRowArgs& a);
-void activation_row_avx512(const ActParams& act, const float* y1, int inter, float* z);
-float abs_max_avx512(const float* x, int64_t n);
 void gemm_avx2(const GemmArgs& a);
-void quantize_row_avx2(const QuantRowArgs& a);
-void activation_row_avx2(const ActParams& act, const float* y1, int inter, float* z);
-float abs_max_avx2(const float* x, int64_t n);
 // 64-byte aligned per-thread scratch (slot 0..3), grown as needed, valid until the next call
 // with the same slot on the same thread.
 void* thread_scratch_buffer(int slot, size_t bytes);

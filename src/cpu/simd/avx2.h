@@ -190,6 +190,105 @@ struct Avx2 {
   static void hsum_rows_i32(const I (&acc)[NR], int32_t* out) {
     for (int i = 0; i < NR; ++i) out[i] = hsum_epi32(acc[i]);
   }
+
+  // --- quantizers (simd/quant.h) ---
+  using M = __m256;  // compare results (all-ones lanes)
+  using D = __m256d;
+  static constexpr int kDLanes = 4;
+  static constexpr bool kBf16Rows = false;  // DotKind::Bf16 rows: the scalar quantizer
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F abs(F v) { return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF))); }
+  static F trunc(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
+  static F round_even(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static float reduce_max(F v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static I as_int(F v) { return _mm256_castps_si256(v); }
+  static F as_float(I v) { return _mm256_castsi256_ps(v); }
+  static I iset1(int v) { return _mm256_set1_epi32(v); }
+  static I iand(I a, I b) { return _mm256_and_si256(a, b); }
+  static I ior(I a, I b) { return _mm256_or_si256(a, b); }
+  static I iadd(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
+  static I sign_bits(F v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(static_cast<int>(0x80000000u))); }
+  static int32_t reduce_add_i32(I v) { return hsum_epi32(v); }
+  static M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M isnan(F v) { return _mm256_cmp_ps(v, v, _CMP_UNORD_Q); }
+  static M mzero() { return _mm256_setzero_ps(); }
+  static M mor(M a, M b) { return _mm256_or_ps(a, b); }
+  static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
+  static F select(M m, F yes, F no) { return _mm256_blendv_ps(no, yes, m); }
+  static F mask_add(F a, M m, F b) { return _mm256_add_ps(a, _mm256_and_ps(m, b)); }
+  static F load_partial(const float* p, int n) {
+    alignas(32) float tmp[8] = {};
+    std::memcpy(tmp, p, static_cast<size_t>(n < 0 ? 0 : n > 8 ? 8 : n) * 4);
+    return _mm256_load_ps(tmp);
+  }
+  // A 32-group (v[0..3] = elements 0..7, 8..15, 16..23, 24..31) → [even elements | odd elements].
+  static void act_order(F* v) {
+    auto even = [](__m256 a, __m256 b) {
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    auto odd = [](__m256 a, __m256 b) {
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    const __m256 e0 = even(v[0], v[1]), e1 = even(v[2], v[3]), o0 = odd(v[0], v[1]), o1 = odd(v[2], v[3]);
+    v[0] = e0;
+    v[1] = e1;
+    v[2] = o0;
+    v[3] = o1;
+  }
+  // 16 integral values (v[0], v[1]) → int8 at p (saturating); returns their lane sums as int32.
+  static I store_i8_half(int8_t* p, const F* v) {
+    const __m256i i0 = _mm256_cvtps_epi32(v[0]), i1 = _mm256_cvtps_epi32(v[1]);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), _MM_SHUFFLE(3, 1, 2, 0));  // 16 int16 in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    return _mm256_add_epi32(i0, i1);
+  }
+  static void fp4_corrections(const ActLayout& l, uint8_t* row) { fill_fp4_corrections(l, row); }
+  // Doubles: 2^n built from its bits, exact for x in [−708, 709] (a normal double).
+  static constexpr double kExpLo = -708.0, kExpHi = 709.0;
+  static D dset1(double v) { return _mm256_set1_pd(v); }
+  static D dadd(D a, D b) { return _mm256_add_pd(a, b); }
+  static D dsub(D a, D b) { return _mm256_sub_pd(a, b); }
+  static D dmul(D a, D b) { return _mm256_mul_pd(a, b); }
+  static D ddiv(D a, D b) { return _mm256_div_pd(a, b); }
+  static D dmin(D a, D b) { return _mm256_min_pd(a, b); }
+  static D dmax(D a, D b) { return _mm256_max_pd(a, b); }
+  static D dfmadd(D a, D b, D c) { return _mm256_fmadd_pd(a, b, c); }
+  static D dfnmadd(D a, D b, D c) { return _mm256_fnmadd_pd(a, b, c); }
+  static D dround(D v) { return _mm256_round_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static D dabs(D v) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
+  static D dscale2(D p, D n) {  // p · 2^n, n ∈ [−1022, 1023]
+    const __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n));
+    const __m256i bits = _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52);
+    return _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
+  }
+  static D dcopysign(D a, D s) { return _mm256_or_pd(a, _mm256_and_pd(s, _mm256_set1_pd(-0.0))); }
+  static void load_gate_up(bool interleaved, const float* y1, int inter, int j, int n, D& g, D& u) {
+    alignas(16) float gf[4] = {}, uf[4] = {};
+    for (int i = 0; i < n; ++i) {
+      gf[i] = interleaved ? y1[2 * (j + i)] : y1[j + i];
+      uf[i] = interleaved ? y1[2 * (j + i) + 1] : y1[inter + j + i];
+    }
+    g = _mm256_cvtps_pd(_mm_load_ps(gf));
+    u = _mm256_cvtps_pd(_mm_load_ps(uf));
+  }
+  static void store_d(float* z, int n, D r) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm256_cvtpd_ps(r));
+    for (int i = 0; i < n; ++i) z[i] = out[i];
+  }
 };
 
 }  // namespace

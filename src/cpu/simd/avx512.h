@@ -228,6 +228,131 @@ struct Avx512 {
     static_assert(NR == 4);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), hsum4_epi32(acc[0], acc[1], acc[2], acc[3]));
   }
+
+  // --- quantizers (simd/quant.h) ---
+  using M = __mmask16;
+  using D = __m512d;
+  static constexpr int kDLanes = 8;
+  static constexpr bool kBf16Rows = true;   // DotKind::Bf16 rows (the avx512bf16 target's kind)
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F abs(F v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF))); }
+  static F trunc(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
+  static F round_even(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+  static I as_int(F v) { return _mm512_castps_si512(v); }
+  static F as_float(I v) { return _mm512_castsi512_ps(v); }
+  static I iset1(int v) { return _mm512_set1_epi32(v); }
+  static I iand(I a, I b) { return _mm512_and_si512(a, b); }
+  static I ior(I a, I b) { return _mm512_or_si512(a, b); }
+  static I iadd(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I srli(I a, int n) { return _mm512_srli_epi32(a, n); }
+  static I sign_bits(F v) { return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0x80000000u))); }
+  static int32_t reduce_add_i32(I v) { return _mm512_reduce_add_epi32(v); }
+  static M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M ge(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M isnan(F v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); }
+  static M mzero() { return 0; }
+  static M mor(M a, M b) { return static_cast<M>(a | b); }
+  static bool any(M m) { return m != 0; }
+  static F select(M m, F yes, F no) { return _mm512_mask_blend_ps(m, no, yes); }
+  static F mask_add(F a, M m, F b) { return _mm512_mask_add_ps(a, m, a, b); }
+  static F load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(mask16(n), p); }
+  // A 32-group (v[0] = elements 0..15, v[1] = 16..31) → [even elements | odd elements].
+  static void act_order(F* v) {
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512 e = _mm512_permutex2var_ps(v[0], ev, v[1]);
+    const __m512 o = _mm512_permutex2var_ps(v[0], od, v[1]);
+    v[0] = e;
+    v[1] = o;
+  }
+  // 16 integral values (v[0]) → int8 at p (saturating); returns them as int32.
+  static I store_i8_half(int8_t* p, const F* v) {
+    const __m512i i0 = _mm512_cvtps_epi32(v[0]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(i0));
+    return i0;
+  }
+  // −12 · Σ of each 4 values (fill_fp4_corrections, vectorized), then the per-block words.
+  static void fp4_corrections(const ActLayout& l, uint8_t* row) {
+    const __m512i ones = _mm512_set1_epi8(1), m12 = _mm512_set1_epi32(-12);
+    for (int p = 0; p < l.k_pad; p += 64) {
+      const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(row + l.vals_off + p));
+      _mm512_storeu_si512(row + l.corr_off + p, _mm512_mullo_epi32(s4, m12));
+    }
+    fill_fp4_block_corrections(l, row);
+  }
+  // Bf16 kind: the three truncation terms of 16 fp32 values (split_bf16_terms) at stored
+  // position p of the term rows at vals (term_bytes apart).
+  static void store_bf16_terms(uint8_t* vals, int64_t term_bytes, int p, F v) {
+    const __m512i hi16 = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __m512i u = _mm512_castps_si512(v);
+    const __mmask16 fin = _mm512_cmp_ps_mask(abs(v), _mm512_set1_ps(bits_to_float(0x7F800000u)), _CMP_LT_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512i h = _mm512_and_si512(u, hi16);
+    h = _mm512_mask_or_epi32(h, nan, _mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                             _mm512_set1_epi32(0x7FC00000));
+    const __m512 rres = _mm512_maskz_sub_ps(fin, v, _mm512_castsi512_ps(h));
+    const __m512i m = _mm512_and_si512(_mm512_castps_si512(rres), hi16);
+    const __m512 lres = _mm512_sub_ps(rres, _mm512_castsi512_ps(m));
+    uint8_t* base = vals + 2 * static_cast<int64_t>(p);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(base), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + term_bytes), _mm512_cvtepi32_epi16(_mm512_srli_epi32(m, 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + 2 * term_bytes),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lres), 16)));
+  }
+  // Terms in use of a Bf16 row (header word at 8): 1 + the highest term row holding a nonzero.
+  static int32_t bf16_terms_in_use(const ActLayout& l, const uint8_t* row) {
+    int32_t nt = 1;
+    for (int t = 1; t < kBf16Terms; ++t) {
+      __m512i any = _mm512_setzero_si512();
+      const uint8_t* p = row + l.vals_off + t * l.term_bytes;
+      for (int64_t b = 0; b < l.term_bytes; b += 64) any = _mm512_or_si512(any, _mm512_loadu_si512(p + b));
+      if (_mm512_test_epi64_mask(any, any) != 0) nt = t + 1;
+    }
+    return nt;
+  }
+  // Doubles: e^x is exact for x in [−746, 710] through vscalefpd.
+  static constexpr double kExpLo = -746.0, kExpHi = 710.0;
+  static D dset1(double v) { return _mm512_set1_pd(v); }
+  static D dadd(D a, D b) { return _mm512_add_pd(a, b); }
+  static D dsub(D a, D b) { return _mm512_sub_pd(a, b); }
+  static D dmul(D a, D b) { return _mm512_mul_pd(a, b); }
+  static D ddiv(D a, D b) { return _mm512_div_pd(a, b); }
+  static D dmin(D a, D b) { return _mm512_min_pd(a, b); }
+  static D dmax(D a, D b) { return _mm512_max_pd(a, b); }
+  static D dfmadd(D a, D b, D c) { return _mm512_fmadd_pd(a, b, c); }
+  static D dfnmadd(D a, D b, D c) { return _mm512_fnmadd_pd(a, b, c); }
+  static D dround(D v) { return _mm512_roundscale_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static D dabs(D v) { return _mm512_abs_pd(v); }
+  static D dscale2(D p, D n) { return _mm512_scalef_pd(p, n); }  // p · 2^n
+  // |a| with the sign of s.
+  static D dcopysign(D a, D s) {
+    return _mm512_castsi512_pd(_mm512_or_si512(
+        _mm512_castpd_si512(a), _mm512_and_si512(_mm512_castpd_si512(s), _mm512_set1_epi64(static_cast<long long>(0x8000000000000000ull)))));
+  }
+  // Gate and up values j .. j + n (n ≤ 8) of a GEMM1 output row, widened to double.
+  static void load_gate_up(bool interleaved, const float* y1, int inter, int j, int n, D& g, D& u) {
+    const __mmask8 m = static_cast<__mmask8>((1u << n) - 1u);
+    __m256 gf, uf;
+    if (interleaved) {
+      const __m512 v = _mm512_maskz_loadu_ps(mask16(2 * n), y1 + 2 * j);
+      const __m512 p = _mm512_permutexvar_ps(_mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0), v);
+      gf = _mm512_castps512_ps256(p);
+      uf = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
+    } else {
+      gf = _mm256_maskz_loadu_ps(m, y1 + j);
+      uf = _mm256_maskz_loadu_ps(m, y1 + inter + j);
+    }
+    g = _mm512_cvtps_pd(gf);
+    u = _mm512_cvtps_pd(uf);
+  }
+  static void store_d(float* z, int n, D r) { _mm256_mask_storeu_ps(z, static_cast<__mmask8>((1u << n) - 1u), _mm512_cvtpd_ps(r)); }
 };
 
 }  // namespace

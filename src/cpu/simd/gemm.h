@@ -14,7 +14,8 @@
 // What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
 // the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), and flags
-// for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files.
+// for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files, as
+// is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
 // with internal linkage, so nothing compiled for one target can be picked by the linker for
 // another.
@@ -276,8 +277,11 @@ void run_f32(const GemmArgs& a, Make make_dec) {
   }
 }
 
-// Target-only kernels, defined by the targets whose flags select them (T::kMxfp4F32Kernel,
-// T::kBf16Dot); never instantiated for the others.
+// Target-only kernels, defined (specialized) by the target's own translation units: the W4A4
+// kinds (every SIMD target), MXFP4 weights on the F32 kind where T::kMxfp4F32Kernel, the Bf16 kind
+// where T::kBf16Dot; never instantiated for the others.
+template <class T, bool kMx>
+void gemm_w4a4(const GemmArgs& a);
 template <class T>
 void gemm_mxfp4_f32(const GemmArgs& a);
 template <class T>
@@ -383,6 +387,21 @@ void gemm_i8(const GemmArgs& a) {
         for (int i = 0; i < kNR; ++i) dot[t][i] = static_cast<double>(ires[t][i] - T::kI8Offset * sums[t]);
       epilogue(a, n0, nr, j0, nt, dot);
     }
+  }
+}
+
+// A target's GEMM entry point (KernelTable::gemm).
+template <class T>
+void gemm(const GemmArgs& a) {
+  switch (a.layout->kind) {
+    case DotKind::F32: gemm_f32<T>(a); break;
+    case DotKind::I8: gemm_i8<T>(a); break;
+    case DotKind::Fp4Mx: gemm_w4a4<T, true>(a); break;
+    case DotKind::Fp4Nv: gemm_w4a4<T, false>(a); break;
+    case DotKind::Bf16:
+      if constexpr (T::kBf16Dot) gemm_bf16<T>(a);
+      else scalar_kernels().gemm(a);  // not selected on this target (dot_kind_for)
+      break;
   }
 }
 
