@@ -2,7 +2,6 @@
 // of simd/gemm.h instantiated on the AVX2 ISA layer (simd/avx2.h), plus the AVX2-only kernels:
 //   MXFP4 weights on the F32 kind (W4A16): bf16-table decode into a register order the permuted
 //         activations follow (gemm_mxfp4_f32);
-//   Fp4Mx / Fp4Nv (W4A4): nibble → int8 table (vpshufb), vpmaddubsw / vpmaddwd exact block sums.
 #include "cpu/simd/avx2.h"
 #include "cpu/simd/gemm.h"
 
@@ -12,23 +11,7 @@ namespace {
 
 constexpr int kNR = Avx2::kNR;
 constexpr int kNT = Avx2::kNT;
-constexpr int kFp4Rows = 4;  // rows per pass of the one-token MXFP4 drivers (W4A4, W4A16)
-
-// E8M0 bytes sc[0..nb) → 2^(s−127) as fp32 bits (s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet
-// NaN 0x7FC00000, e8m0_decode's values), then 16 zeros.
-void mx_factors(const uint8_t* sc, int nb, float* f) {
-  const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255), fix = _mm256_set1_epi32(0x00400000);
-  int b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    const __m256i s = _mm256_cvtepu8_epi32(load8(sc + b));
-    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(s, zero), _mm256_cmpeq_epi32(s, ff));
-    const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(s, 23), _mm256_and_si256(special, fix));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + b), bits);
-  }
-  const float* e8 = e8m0_table();
-  for (; b < nb; ++b) f[b] = e8[sc[b]];
-  for (int z = 0; z < 16; ++z) f[nb + z] = 0.0f;
-}
+constexpr int kFp4Rows = 4;  // rows per pass of the one-token MXFP4 W4A16 driver
 
 // W4A16 MXFP4 with 1–4 tokens (decode): the nibbles of a 64-chunk (32 bytes) through two vpshufb
 // tables (low and high byte of the code's bf16 value, exact) and vpunpck{l,h}bw give 64 bf16 words;
@@ -200,7 +183,7 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
         const int n = n0 + (i < nr ? i : nr - 1);
         rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
         float* f = factors + i * ld;
-        if (i < nr) mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
+        if (i < nr) Avx2::w4_mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
         hf[i] = i < nr ? f : hf[nr - 1];
       }
       if (ntt <= kNT) {
@@ -242,201 +225,6 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
     }
   }
 }
-// ---------------------------------------------------------------------------------------------
-// W4A4 (Fp4Mx / Fp4Nv): exact int8 dot products of 2·e2m1 values. Weights: a 16-entry byte table
-// (vpshufb on the nibbles) gives 2·e2m1 + 12 ∈ [0, 24] (unsigned); activations: the layout's int8
-// 2·e2m1 values (signed). vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus
-// high-nibble halves: |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32:
-// lane j of a 64-chunk covers the act positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4:
-// block 2c, else 2c+1) or one NVFP4 block (j / 2). Adding the layout's correction words (−12 · Σ of
-// those 4 values, ActLayout::corr_off) removes the offset, so every lane is an exact integer partial
-// sum of one block; it is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight
-// block factor) and added to an fp32 accumulator (MX: powers of two, exact products).
-// One token (decode): 4 rows per pass, the token's values, scales and weights read once per chunk;
-// 2–4 tokens: 2 rows, each decoded chunk used for every token.
-const int8_t kE2m1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-
-struct Fp4Rows {
-  const uint8_t* row[kFp4Rows];
-  const float* factor[kFp4Rows];  // per block: the weight block factor (MX 2^(s−127), NVFP4 fp8(s)·ws2), then ≥ 16 zeros
-};
-
-// One activation row as the W4A4 kernels read it.
-struct Fp4Act {
-  const int8_t* v;     // values, stored order
-  const float* scale;  // per block (≥ 16 zero floats after the last)
-  const int32_t* corr;  // per 4 stored values: −12 · their sum (ActLayout::corr_off)
-};
-
-template <bool kMx>
-struct Fp4Consts {
-  __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2m1x2Plus12)));
-  __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  // Lane → block within the chunk: MX lanes 0–3 block 0, 4–7 block 1; NVFP4 lane j block j / 2.
-  __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-  static constexpr int kBlocks = kMx ? 2 : 4;  // blocks per 64-chunk
-};
-
-// 32 weight bytes of chunk k (zero padded past K: code 0 → +12 against zero activations).
-inline __m256i fp4_bytes(const uint8_t* row, int k, int K) {
-  if (k + 64 <= K) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (k >> 1)));
-  uint8_t tmp[32];
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(row + (k >> 1), (K - k) >> 1, tmp)));
-}
-
-// Lane j of chunk k: the correction words of act positions 4j..4j+3 and 32+4j..32+4j+3.
-inline __m256i corr_of(const Fp4Act& a, int k) {
-  const int32_t* p = a.corr + (k >> 2);
-  return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8)));
-}
-
-// One 64-chunk of the W4A4 kernel (kFull: all 64 elements inside K, else zero padded).
-template <bool kMx, int NT, int NR, bool kFull>
-__attribute__((always_inline)) inline void fp4_step(const Fp4Consts<kMx>& cs, const Fp4Rows& wr, int r0, const Fp4Act* act,
-                                                    int k, int K, __m256 (&acc)[NT][NR]) {
-  constexpr int kB = Fp4Consts<kMx>::kBlocks;
-  const int c = k >> 6;
-  auto bytes_of = [&](int i) {
-    if constexpr (kFull) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr.row[r0 + i] + (k >> 1)));
-    uint8_t tmp[32];
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(padded(wr.row[r0 + i] + (k >> 1), (K - k) >> 1, tmp)));
-  };
-  if constexpr (NT == 1) {
-    // The token's chunk first, then each row decoded and used at once (few live registers).
-    const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[0].v + k));
-    const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[0].v + k + 32));
-    const __m256 asv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(act[0].scale + c * kB), cs.lane_block);
-    const __m256i cv = corr_of(act[0], k);
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; ++i) {
-      const __m256i bytes = bytes_of(i);
-      const __m256i wlo = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(bytes, cs.m4));
-      const __m256i whi = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), cs.m4));
-      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, alo), _mm256_maddubs_epi16(whi, ahi));
-      const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, cs.ones), cv);
-      const __m256 wsv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[r0 + i] + c * kB), cs.lane_block);
-      acc[0][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(asv, wsv), acc[0][i]);
-    }
-  } else {
-    __m256i wlo[NR], whi[NR];
-    __m256 wsv[NR];
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; ++i) {
-      const __m256i bytes = bytes_of(i);
-      wlo[i] = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(bytes, cs.m4));
-      whi[i] = _mm256_shuffle_epi8(cs.lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), cs.m4));
-      wsv[i] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(wr.factor[r0 + i] + c * kB), cs.lane_block);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].v + k));
-      const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].v + k + 32));
-      const __m256 asv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(act[t].scale + c * kB), cs.lane_block);
-      const __m256i cv = corr_of(act[t], k);
-#pragma GCC unroll 4
-      for (int i = 0; i < NR; ++i) {
-        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo[i], alo), _mm256_maddubs_epi16(whi[i], ahi));
-        const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, cs.ones), cv);
-        acc[t][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(asv, wsv[i]), acc[t][i]);
-      }
-    }
-  }
-}
-
-template <bool kMx, int NT, int NR>
-void fp4_kernel(const Fp4Rows& wr, int r0, const Fp4Act* act, int K, int64_t pf_dist, float (*res)[kFp4Rows]) {
-  const Fp4Consts<kMx> cs;
-  __m256 acc[NT][NR];
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < NR; ++i) acc[t][i] = _mm256_setzero_ps();
-  const int kfull = K & ~63;
-  int k = 0;
-  if (pf_dist != 0) {
-    for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
-#pragma GCC unroll 4
-      for (int i = 0; i < NR; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(wr.row[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
-      fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k, K, acc);
-      fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k + 64, K, acc);
-    }
-  }
-  for (; k < kfull; k += 64) fp4_step<kMx, NT, NR, true>(cs, wr, r0, act, k, K, acc);
-  if (k < K) fp4_step<kMx, NT, NR, false>(cs, wr, r0, act, k, K, acc);
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < NR; ++i) res[t][r0 + i] = hsum(acc[t][i]);
-}
-
-template <bool kMx>
-void gemm_fp4(const GemmArgs& a) {
-  const ActLayout& l = *a.layout;
-  const WeightView& w = *a.w;
-  const int K = w.cols;
-  const int nb = K / (kMx ? 32 : 16);
-  const float* table = kMx ? e8m0_table() : fp8_e4m3_table();
-  const int ld = (nb + 16 + 15) / 16 * 16;
-  const int ntok = a.ntok;
-  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kFp4Rows * static_cast<size_t>(ld)));
-  const int64_t pf_dist = prefetch_distance(kFp4Rows * w.row_bytes);
-  for (int n0 = a.row0; n0 < a.row1; n0 += kFp4Rows) {
-    const int nr = a.row1 - n0 < kFp4Rows ? a.row1 - n0 : kFp4Rows;
-    Fp4Rows wr;
-    for (int i = 0; i < kFp4Rows; ++i) {
-      const int n = n0 + (i < nr ? i : nr - 1);
-      wr.row[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
-      float* f = factors + i * ld;
-      wr.factor[i] = f;
-      if (i >= nr) {
-        wr.factor[i] = factors + (nr - 1) * ld;
-        continue;
-      }
-      const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
-      if (kMx) {
-        mx_factors(sc, nb, f);
-      } else {
-        for (int b = 0; b < nb; ++b) f[b] = table[sc[b]] * w.nv_global;
-        for (int b = nb; b < nb + 16; ++b) f[b] = 0.0f;
-      }
-    }
-    for (int j0 = 0; j0 < ntok; j0 += kNT) {
-      const int nt = ntok - j0 < kNT ? ntok - j0 : kNT;
-      Fp4Act act[kNT];
-      for (int t = 0; t < nt; ++t) {
-        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
-        act[t] = {reinterpret_cast<const int8_t*>(row + l.vals_off), reinterpret_cast<const float*>(row + l.scales_off),
-                  reinterpret_cast<const int32_t*>(row + l.corr_off)};
-      }
-      float res[kNT][kFp4Rows];
-      const int64_t pf = j0 == 0 ? pf_dist : 0;
-      switch (nt) {
-        case 1: fp4_kernel<kMx, 1, 4>(wr, 0, act, K, pf, res); break;
-        case 2:
-          fp4_kernel<kMx, 2, 2>(wr, 0, act, K, pf, res);
-          if (nr > 2) fp4_kernel<kMx, 2, 2>(wr, 2, act, K, pf, res);
-          break;
-        case 3:
-          fp4_kernel<kMx, 3, 2>(wr, 0, act, K, pf, res);
-          if (nr > 2) fp4_kernel<kMx, 3, 2>(wr, 2, act, K, pf, res);
-          break;
-        default:
-          fp4_kernel<kMx, 4, 2>(wr, 0, act, K, pf, res);
-          if (nr > 2) fp4_kernel<kMx, 4, 2>(wr, 2, act, K, pf, res);
-          break;
-      }
-      epilogue(a, n0, nr, j0, nt, res);
-    }
-  }
-}
-
-template <>
-void gemm_w4a4<Avx2, true>(const GemmArgs& a) {
-  gemm_fp4<true>(a);
-}
-template <>
-void gemm_w4a4<Avx2, false>(const GemmArgs& a) {
-  gemm_fp4<false>(a);
-}
-
 }  // namespace
 
 void gemm_avx2(const GemmArgs& a) { gemm<Avx2>(a); }

@@ -289,6 +289,69 @@ struct Avx2 {
     _mm_store_ps(out, _mm256_cvtpd_ps(r));
     for (int i = 0; i < n; ++i) z[i] = out[i];
   }
+
+  // --- W4A4 (Fp4Mx / Fp4Nv, simd/gemm.h) ---
+  // A 64-chunk: weights through a 16-entry byte table (vpshufb on the nibbles) as
+  // 2·e2m1 + 12 ∈ [0, 24] (unsigned), low nibbles (stored positions 0..31) and high (32..63);
+  // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
+  // |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
+  // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
+  // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: 2 rows, twice.
+  struct W4 {
+    __m256i lo, hi;
+  };
+  using W4A = W4;
+  template <int NT>
+  static constexpr int kW4Rows = NT == 1 ? 4 : 2;
+  static constexpr bool kW4SeqPrefetch = false;  // one line per row every two chunks, first token group only
+  template <bool kFull>
+  static W4 w4_weights(const uint8_t* p, int nbytes) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint8_t tmp[32];
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kFull ? p : padded(p, nbytes, tmp)));
+    return {_mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, m4)), _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4))};
+  }
+  static W4A w4_act(const int8_t* v) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32))};
+  }
+  // Lane j: the correction words of positions 4j..4j+3 and 32+4j..32+4j+3.
+  static I w4_corr(const int32_t* c) {
+    return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 8)));
+  }
+  // Per-lane block scales from the chunk's first block on (MX lanes 0–3 block 0, 4–7 block 1;
+  // NVFP4 lane j block j / 2).
+  template <bool kMx>
+  static F w4_lane_scales(const float* s) {
+    const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), lane_block);
+  }
+  static I w4_dot(const W4& w, const W4A& a, I corr) {
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, a.lo), _mm256_maddubs_epi16(w.hi, a.hi));
+    return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr);
+  }
+  static F cvt_i32(I v) { return _mm256_cvtepi32_ps(v); }
+  // Per-block weight factors of one row, then 16 zeros: MX 2^(s−127) (E8M0 bytes as fp32 bits:
+  // s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet NaN 0x7FC00000, e8m0_decode's values);
+  // NVFP4 fp8(s)·ws2.
+  static void w4_mx_factors(const uint8_t* sc, int nb, float* f) {
+    const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255), fix = _mm256_set1_epi32(0x00400000);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const __m256i s = _mm256_cvtepu8_epi32(load8(sc + b));
+      const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(s, zero), _mm256_cmpeq_epi32(s, ff));
+      const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(s, 23), _mm256_and_si256(special, fix));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + b), bits);
+    }
+    const float* e8 = e8m0_table();
+    for (; b < nb; ++b) f[b] = e8[sc[b]];
+    for (int z = 0; z < 16; ++z) f[nb + z] = 0.0f;
+  }
+  static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
+    const float* table = fp8_e4m3_table();
+    for (int b = 0; b < nb; ++b) f[b] = table[sc[b]] * ws2;
+    for (int b = nb; b < nb + 16; ++b) f[b] = 0.0f;
+  }
 };
 
 }  // namespace

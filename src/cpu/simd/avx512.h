@@ -353,6 +353,58 @@ struct Avx512 {
     u = _mm512_cvtps_pd(uf);
   }
   static void store_d(float* z, int n, D r) { _mm256_mask_storeu_ps(z, static_cast<__mmask8>((1u << n) - 1u), _mm512_cvtpd_ps(r)); }
+
+  // --- W4A4 (Fp4Mx / Fp4Nv, simd/gemm.h) ---
+  // A 64-chunk: the 32 packed bytes broadcast to both halves, shifted by 0 / 4 and masked give the
+  // nibbles in act order [even g | even g+1 | odd g | odd g+1]; one vpshufb maps them to u8
+  // (2·e2m1 + 12). vpdpbusd starts from the row's correction word −12·Σ(4 values), so each int32
+  // lane holds the exact sum of 4 products of one block. Lane → block: MX
+  // [A A A A B B B B A A A A B B B B] (A = group g); NVFP4 (blocks a0 a1 of g, b0 b1 of g+1)
+  // [a0 a0 a1 a1 b0 b0 b1 b1 a0 a0 a1 a1 b0 b0 b1 b1]. 4 rows per pass for every token count.
+  using W4 = __m512i;
+  using W4A = __m512i;
+  template <int NT>
+  static constexpr int kW4Rows = 4;
+  static constexpr bool kW4SeqPrefetch = true;  // prefetch_seq every chunk, every token group
+  template <bool kFull>
+  static W4 w4_weights(const uint8_t* p, int nbytes) {
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    __m512i q;
+    if (kFull) q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else q = _mm512_broadcast_i64x4(_mm256_maskz_loadu_epi8(static_cast<__mmask32>((1ull << nbytes) - 1ull), p));
+    return _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srlv_epi64(q, shifts), _mm512_set1_epi8(15)));
+  }
+  static W4A w4_act(const int8_t* v) { return _mm512_loadu_si512(v); }
+  static I w4_corr(const int32_t* c) { return _mm512_loadu_si512(c); }
+  template <bool kMx>
+  static F w4_lane_scales(const float* s) {
+    const __m512i bidx = kMx ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                             : _mm512_set_epi32(3, 3, 2, 2, 1, 1, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0);
+    return _mm512_permutexvar_ps(bidx, _mm512_loadu_ps(s));
+  }
+  static I w4_dot(W4 w, W4A a, I corr) { return _mm512_dpbusd_epi32(corr, w, a); }
+  static F cvt_i32(I v) { return _mm512_cvtepi32_ps(v); }
+  // Per-block weight factors of one row, then 16 zeros: MX 2^(s−127) from the E8M0 bits (0 →
+  // 2^−127, 255 → NaN, e8m0_decode's values); NVFP4 fp8(s)·ws2 (rounded once, as the reference).
+  static void w4_mx_factors(const uint8_t* sc, int nb, float* f) {
+    for (int b = 0; b < nb; b += 16) {
+      const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(nb - b), sc + b));
+      __m512i bits = _mm512_slli_epi32(c, 23);
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
+      _mm512_mask_storeu_ps(f + b, mask16(nb - b), _mm512_castsi512_ps(bits));
+    }
+    _mm512_storeu_ps(f + nb, _mm512_setzero_ps());
+  }
+  static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
+    for (int b = 0; b < nb; b += 16) {
+      const int n = nb - b < 16 ? nb - b : 16;
+      const __m128i raw = n == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b)) : _mm_maskz_loadu_epi8(mask16(n), sc + b);
+      _mm512_mask_storeu_ps(f + b, mask16(n), _mm512_mul_ps(fp8_to_f32(raw), _mm512_set1_ps(ws2)));
+    }
+    _mm512_storeu_ps(f + nb, _mm512_setzero_ps());
+  }
 };
 
 }  // namespace

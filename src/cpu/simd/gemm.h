@@ -278,10 +278,10 @@ void run_f32(const GemmArgs& a, Make make_dec) {
 }
 
 // Target-only kernels, defined (specialized) by the target's own translation units: the W4A4
-// kinds (every SIMD target), MXFP4 weights on the F32 kind where T::kMxfp4F32Kernel, the Bf16 kind
+// kinds where a target adds to the row-major kernel (AVX-512: 16-row tiles), MXFP4 weights on the F32 kind where T::kMxfp4F32Kernel, the Bf16 kind
 // where T::kBf16Dot; never instantiated for the others.
 template <class T, bool kMx>
-void gemm_w4a4(const GemmArgs& a);
+void gemm_w4a4(const GemmArgs& a);  // generic: gemm_w4a4_rows below
 template <class T>
 void gemm_mxfp4_f32(const GemmArgs& a);
 template <class T>
@@ -388,6 +388,144 @@ void gemm_i8(const GemmArgs& a) {
       epilogue(a, n0, nr, j0, nt, dot);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W4A4 (Fp4Mx / Fp4Nv), row-major: exact int8 dot products of 2·e2m1 values. Weights decode to
+// u8 (2·e2m1 + 12) (T::w4_weights), activations are the layout's int8 2·e2m1 values (signed);
+// T::w4_dot forms per lane the exact int32 sum of one block's products plus the layout's
+// correction words (−12 · Σ of the values, ActLayout::corr_off), which remove the offset. Each
+// lane is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight block
+// factor, T::w4_lane_scales) and added to an fp32 accumulator (MX: powers of two, exact
+// products). Rows come in blocks of 4, T::kW4Rows<NT> at a time.
+struct Fp4Act {
+  const int8_t* v;      // values, stored order
+  const float* scale;   // per block (≥ 16 zero floats after the last)
+  const int32_t* corr;  // per 4 stored values: −12 · their sum (ActLayout::corr_off)
+};
+constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
+
+// One 64-chunk of NR rows (from r0) × NT tokens (kFull: all 64 elements inside K, else zero padded).
+template <class T, bool kMx, int NT, int NR, bool kFull>
+__attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const float* const* wf, int r0, const Fp4Act* act,
+                                                   int k, int K, const uint8_t* pf_base, int64_t pf_dist,
+                                                   typename T::F (&acc)[NT][NR]) {
+  using F = typename T::F;
+  const int b = kMx ? k >> 5 : k >> 4;  // first block of the chunk
+  auto prefetch = [&](int i) {
+    if constexpr (T::kW4SeqPrefetch) prefetch_seq(pf_base, pf_dist, k >> 6, i, NR, 32);
+  };
+  if constexpr (NT == 1) {
+    // The token's chunk first, then each row decoded and used at once (few live registers).
+    const typename T::W4A av = T::w4_act(act[0].v + k);
+    const F as = T::template w4_lane_scales<kMx>(act[0].scale + b);
+    const typename T::I cv = T::w4_corr(act[0].corr + (k >> 2));
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      prefetch(i);
+      const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      const F ws = T::template w4_lane_scales<kMx>(wf[r0 + i] + b);
+      acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
+    }
+  } else {
+    typename T::W4 w[NR];
+    F ws[NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      prefetch(i);
+      w[i] = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      ws[i] = T::template w4_lane_scales<kMx>(wf[r0 + i] + b);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const typename T::W4A av = T::w4_act(act[t].v + k);
+      const F as = T::template w4_lane_scales<kMx>(act[t].scale + b);
+      const typename T::I cv = T::w4_corr(act[t].corr + (k >> 2));
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) acc[t][i] = T::fmadd(T::cvt_i32(T::w4_dot(w[i], av, cv)), T::mul(as, ws[i]), acc[t][i]);
+    }
+  }
+}
+
+// Rows r0 .. r0 + NR of a block; res[t][r0 + i].
+template <class T, bool kMx, int NT, int NR>
+void w4_kernel(const uint8_t* const* rows, const float* const* wf, int r0, const Fp4Act* act, int K, const uint8_t* pf_base,
+               int64_t pf_dist, float (*res)[kW4Block]) {
+  typename T::F acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < NR; ++i) acc[t][i] = T::zero();
+  const int kfull = K & ~63;
+  int k = 0;
+  if (!T::kW4SeqPrefetch && pf_dist != 0) {
+    for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k + 64, K, pf_base, pf_dist, acc);
+    }
+  }
+  for (; k < kfull; k += 64) w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
+  if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
+  for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t] + r0);
+}
+
+template <class T, bool kMx, int NT>
+void w4_block(const uint8_t* const* rows, const float* const* wf, const Fp4Act* act, int K, const uint8_t* pf_base,
+              int64_t pf_dist, float (*res)[kW4Block]) {
+  constexpr int NR = T::template kW4Rows<NT>;
+  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_base, pf_dist, res);
+}
+
+// Output rows [row0, a.row1) for every token, through the row-major kernel.
+template <class T, bool kMx>
+void gemm_w4a4_rows(const GemmArgs& a, int row0) {
+  constexpr int kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const int nb = K / (kMx ? 32 : 16);
+  const int ld = (nb + 16 + 15) / 16 * 16;
+  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kW4Block * static_cast<size_t>(ld)));
+  const int64_t pf_dist = prefetch_distance(kW4Block * w.row_bytes);
+  for (int n0 = row0; n0 < a.row1; n0 += kW4Block) {
+    const int nr = a.row1 - n0 < kW4Block ? a.row1 - n0 : kW4Block;
+    const uint8_t* rows[kW4Block];
+    const float* wf[kW4Block];
+    for (int i = 0; i < kW4Block; ++i) {  // rows past nr repeat the last one
+      const int n = n0 + (i < nr ? i : nr - 1);
+      rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
+      float* f = factors + i * ld;
+      if (i < nr) {
+        const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
+        if (kMx) T::w4_mx_factors(sc, nb, f);
+        else T::w4_nv_factors(sc, nb, w.nv_global, f);
+      }
+      wf[i] = i < nr ? f : wf[nr - 1];
+    }
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      Fp4Act act[kNT];
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+        act[t] = {reinterpret_cast<const int8_t*>(row + l.vals_off), reinterpret_cast<const float*>(row + l.scales_off),
+                  reinterpret_cast<const int32_t*>(row + l.corr_off)};
+      }
+      float res[kNT][kW4Block];
+      const int64_t pf = T::kW4SeqPrefetch || j0 == 0 ? pf_dist : 0;
+      switch (nt) {
+        case 1: w4_block<T, kMx, 1>(rows, wf, act, K, rows[0], pf, res); break;
+        case 2: w4_block<T, kMx, 2>(rows, wf, act, K, rows[0], pf, res); break;
+        case 3: w4_block<T, kMx, 3>(rows, wf, act, K, rows[0], pf, res); break;
+        default: w4_block<T, kMx, 4>(rows, wf, act, K, rows[0], pf, res); break;
+      }
+      epilogue(a, n0, nr, j0, nt, res);
+    }
+  }
+}
+
+template <class T, bool kMx>
+void gemm_w4a4(const GemmArgs& a) {
+  gemm_w4a4_rows<T, kMx>(a, a.row0);
 }
 
 // A target's GEMM entry point (KernelTable::gemm).
