@@ -326,6 +326,20 @@ struct Avx2 {
     const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), lane_block);
   }
+  // A weight row's block factors: a per-row buffer (w4_mx_factors / w4_nv_factors), per lane as
+  // the activation's.
+  template <bool kMx>
+  using W4Factors = const float*;
+  template <bool kMx>
+  static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
+    if (kMx) w4_mx_factors(sc, nb, buf);
+    else w4_nv_factors(sc, nb, ws2, buf);
+    return buf;
+  }
+  template <bool kMx, bool kFull>
+  static F w4_weight_scales(const float* f, int b, int /*nb*/) {
+    return w4_lane_scales<kMx>(f + b);
+  }
   static I w4_dot(const W4& w, const W4A& a, I corr) {
     const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, a.lo), _mm256_maddubs_epi16(w.hi, a.hi));
     return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr);

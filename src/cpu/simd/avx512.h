@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/kernel_iface.h"
 
@@ -383,20 +384,39 @@ struct Avx512 {
                              : _mm512_set_epi32(3, 3, 2, 2, 1, 1, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0);
     return _mm512_permutexvar_ps(bidx, _mm512_loadu_ps(s));
   }
+  // A weight row's block factors, per lane, without a cross-lane permute (one per row and
+  // step): MX straight from the E8M0 bytes (two table reads, broadcast and blended; 0 past the
+  // row's last block), NVFP4 from the row's factor buffer ((a0 a1 b0 b1) in every 128-bit lane →
+  // [a0 a0 a1 a1 | …]).
+  struct MxRow {
+    const uint8_t* sc;  // the row's E8M0 bytes
+    const float* e8;    // e8m0_table()
+  };
+  template <bool kMx>
+  using W4Factors = std::conditional_t<kMx, MxRow, const float*>;
+  template <bool kMx>
+  static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
+    if constexpr (kMx) {
+      return MxRow{sc, e8m0_table()};
+    } else {
+      w4_nv_factors(sc, nb, ws2, buf);
+      return buf;
+    }
+  }
+  template <bool kMx, bool kFull>
+  static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
+    if constexpr (kMx) {
+      const float fb = (!kFull && b + 1 >= nb) ? 0.0f : f.e8[f.sc[b + 1]];
+      return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f.e8[f.sc[b]]), _mm512_set1_ps(fb));
+    } else {
+      const __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(f + b));  // (a shuffle, not _mm512_broadcast_f32x4:
+      return _mm512_permutevar_ps(_mm512_shuffle_f32x4(v, v, 0),      // GCC 12 ICEs on it under -fsanitize)
+                                  _mm512_set_epi32(3, 3, 2, 2, 1, 1, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0));
+    }
+  }
   static I w4_dot(W4 w, W4A a, I corr) { return _mm512_dpbusd_epi32(corr, w, a); }
   static F cvt_i32(I v) { return _mm512_cvtepi32_ps(v); }
-  // Per-block weight factors of one row, then 16 zeros: MX 2^(s−127) from the E8M0 bits (0 →
-  // 2^−127, 255 → NaN, e8m0_decode's values); NVFP4 fp8(s)·ws2 (rounded once, as the reference).
-  static void w4_mx_factors(const uint8_t* sc, int nb, float* f) {
-    for (int b = 0; b < nb; b += 16) {
-      const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(nb - b), sc + b));
-      __m512i bits = _mm512_slli_epi32(c, 23);
-      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
-      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
-      _mm512_mask_storeu_ps(f + b, mask16(nb - b), _mm512_castsi512_ps(bits));
-    }
-    _mm512_storeu_ps(f + nb, _mm512_setzero_ps());
-  }
+  // NVFP4 per-block weight factors fp8(s)·ws2 of one row (rounded once, as the reference), then 16 zeros.
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
     for (int b = 0; b < nb; b += 16) {
       const int n = nb - b < 16 ? nb - b : 16;

@@ -396,7 +396,7 @@ void gemm_i8(const GemmArgs& a) {
 // T::w4_dot forms per lane the exact int32 sum of one block's products plus the layout's
 // correction words (−12 · Σ of the values, ActLayout::corr_off), which remove the offset. Each
 // lane is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight block
-// factor, T::w4_lane_scales) and added to an fp32 accumulator (MX: powers of two, exact
+// factor, T::w4_lane_scales / w4_weight_scales of T::w4_row_factors) and added to an fp32 accumulator (MX: powers of two, exact
 // products). Rows come in blocks of 4, T::kW4Rows<NT> at a time.
 struct Fp4Act {
   const int8_t* v;      // values, stored order
@@ -407,14 +407,11 @@ constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
 
 // One 64-chunk of NR rows (from r0) × NT tokens (kFull: all 64 elements inside K, else zero padded).
 template <class T, bool kMx, int NT, int NR, bool kFull>
-__attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const float* const* wf, int r0, const Fp4Act* act,
-                                                   int k, int K, const uint8_t* pf_base, int64_t pf_dist,
-                                                   typename T::F (&acc)[NT][NR]) {
+__attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf,
+                                                   int r0, const Fp4Act* act, int k, int K, typename T::F (&acc)[NT][NR]) {
   using F = typename T::F;
   const int b = kMx ? k >> 5 : k >> 4;  // first block of the chunk
-  auto prefetch = [&](int i) {
-    if constexpr (T::kW4SeqPrefetch) prefetch_seq(pf_base, pf_dist, k >> 6, i, NR, 32);
-  };
+  const int nb = kMx ? K >> 5 : K >> 4;
   if constexpr (NT == 1) {
     // The token's chunk first, then each row decoded and used at once (few live registers).
     const typename T::W4A av = T::w4_act(act[0].v + k);
@@ -422,9 +419,8 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     const typename T::I cv = T::w4_corr(act[0].corr + (k >> 2));
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      prefetch(i);
       const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
-      const F ws = T::template w4_lane_scales<kMx>(wf[r0 + i] + b);
+      const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
       acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
     }
   } else {
@@ -432,9 +428,8 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     F ws[NR];
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      prefetch(i);
       w[i] = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
-      ws[i] = T::template w4_lane_scales<kMx>(wf[r0 + i] + b);
+      ws[i] = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
@@ -449,7 +444,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 
 // Rows r0 .. r0 + NR of a block; res[t][r0 + i].
 template <class T, bool kMx, int NT, int NR>
-void w4_kernel(const uint8_t* const* rows, const float* const* wf, int r0, const Fp4Act* act, int K, const uint8_t* pf_base,
+void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, const uint8_t* pf_base,
                int64_t pf_dist, float (*res)[kW4Block]) {
   typename T::F acc[NT][NR];
   for (int t = 0; t < NT; ++t)
@@ -460,17 +455,21 @@ void w4_kernel(const uint8_t* const* rows, const float* const* wf, int r0, const
     for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
 #pragma GCC unroll 4
       for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
-      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
-      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k + 64, K, pf_base, pf_dist, acc);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k + 64, K, acc);
     }
   }
-  for (; k < kfull; k += 64) w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
-  if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, pf_base, pf_dist, acc);
+  for (; k < kfull; k += 64) {
+    if constexpr (T::kW4SeqPrefetch)  // the block's rows in address order (prefetch_seq)
+      for (int i = 0; i < NR; ++i) prefetch_seq(pf_base, pf_dist, k >> 6, i, NR, 32);
+    w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
+  }
+  if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, acc);
   for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t] + r0);
 }
 
 template <class T, bool kMx, int NT>
-void w4_block(const uint8_t* const* rows, const float* const* wf, const Fp4Act* act, int K, const uint8_t* pf_base,
+void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, const uint8_t* pf_base,
               int64_t pf_dist, float (*res)[kW4Block]) {
   constexpr int NR = T::template kW4Rows<NT>;
   for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_base, pf_dist, res);
@@ -490,17 +489,12 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
   for (int n0 = row0; n0 < a.row1; n0 += kW4Block) {
     const int nr = a.row1 - n0 < kW4Block ? a.row1 - n0 : kW4Block;
     const uint8_t* rows[kW4Block];
-    const float* wf[kW4Block];
+    typename T::template W4Factors<kMx> wf[kW4Block];
     for (int i = 0; i < kW4Block; ++i) {  // rows past nr repeat the last one
       const int n = n0 + (i < nr ? i : nr - 1);
       rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
-      float* f = factors + i * ld;
-      if (i < nr) {
-        const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;
-        if (kMx) T::w4_mx_factors(sc, nb, f);
-        else T::w4_nv_factors(sc, nb, w.nv_global, f);
-      }
-      wf[i] = i < nr ? f : wf[nr - 1];
+      wf[i] = i < nr ? T::template w4_row_factors<kMx>(w.scales + static_cast<int64_t>(n) * nb, nb, w.nv_global, factors + i * ld)
+                     : wf[nr - 1];
     }
     for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
       const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
