@@ -115,7 +115,7 @@ struct GemmArgs {
   int Kt = 0, kt_per_split = 0;
 };
 
-// bt: token tile (8, 16, 64, 128); wg: 128-token tiles may run on the wgmma kernel (gemm_wgmma.cuh);
+// bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().
 void launch_gemm(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
 void launch_gemm_bf16(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);

@@ -619,23 +619,11 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   const int TK = T * K;
   const int active = std::max(1, std::min(TK, E_loc));
   const double avg = static_cast<double>(TK) / active;
-  // Token tile from the mean tokens per active expert. An expert with more tokens than the tile
-  // streams its weights once per tile, so the tile sits above the mean (the per-expert counts of
-  // random routing spread around it); the 16-token groups of a tile past its expert's count cost
-  // no copies and no MMAs, but a larger tile still costs shared memory (fewer stages, fewer CTAs
-  // per SM). Measured on the H200 over mixtral-8x7b, qwen3-30b-a3b and deepseek-v3, MXFP4 / FP8 /
-  // INT8, T = 8…512 with every tile forced (bench/RESULTS.md, "Token-tile sweep", 2026-12-02):
-  // 8 tokens win to a mean of 4, 16 to ~12, 32 above that (also over 64 and the mma.sync
-  // 128-token tile for the register-decode formats, at every mean measured); 128-token tiles on
-  // the wgmma kernel from the per-format crossover (gemm_wgmma_host.h). Without wgmma, the
-  // shared-memory formats (BF16, INT8) take 64 from a mean of 48, and every format the mma.sync
-  // 128-token tile above a mean of 256 (not measured there: the earlier rule kept).
-  const bool wg = wgmma && wgmma_supported(wf, af);
-  const bool smem_a = wf == WFmt::BF16 || wf == WFmt::INT8;
-  int bt = avg <= 4 ? 8 : avg <= 12 ? 16 : 32;
-  if (wg && avg >= wgmma_min_tokens_per_expert(wf)) bt = 128;
-  else if (!wg && avg > 256) bt = 128;
-  else if (!wg && smem_a && avg >= 48) bt = 64;
+  // Token tile from the mean tokens per active expert (the measured table in gemm_wgmma_host.h).
+  // An expert with more tokens than the tile streams its weights once per tile; the 16-token
+  // groups of a tile past its expert's count cost no copies and no MMAs on the mma.sync kernel,
+  // but a larger tile still costs shared memory (fewer stages, fewer CTAs per SM).
+  const int bt = token_tile_for(wf, avg, wgmma && wgmma_supported(wf, af), af == AFmt::Bf16Split);
   pl.bt = opt.token_tile ? opt.token_tile : bt;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
   const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);

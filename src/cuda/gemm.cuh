@@ -12,7 +12,8 @@
 //    and decoded straight into the A fragments in registers: FP8 by cvt.rn.f16x2.e4m3x2, the
 //    FP4 / FP6 formats by shifts and masks into bf16 bits and one bf16x2 multiply by the block
 //    scale (frag_layout.h; exact).
-// Tiles of 8 tokens (one n8 fragment) serve decode, 16 / 32 / 64 / 128 larger batches; the
+// Tiles of 8 tokens (one n8 fragment) serve decode, 16 / 32 / 64 / 128 larger batches (32 and up on
+// the wgmma kernel where the device has it, gemm_wgmma.cuh); the
 // 16-token groups of a tile past its expert's token count are neither copied nor multiplied.
 // The 4 warps run mma.m16n8k16 bf16 / f16 (fp32 accumulate) or, for INT8, mma.m16n8k32 s8 (exact
 // int32 accumulate). Bf16Split feeds the activation as hi + lo (2 MMAs).
@@ -466,9 +467,22 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
 
 namespace qmoe::cuda {
 
-// Dispatch on the token tile; 128-token tiles run on the warpgroup-MMA kernel where the device
-// and the build have it and the caller allows it: `wg` = CudaOptions::wgmma && wgmma_available(),
-// resolved once by the caller (gemm_wgmma_host.h).
+// Dispatch on the token tile; 32- (BF16, INT8), 64- and 128-token tiles run on the warpgroup-MMA
+// kernel where the device and the build have it, the format's stages fit, and the caller allows it: `wg` =
+// CudaOptions::wgmma && wgmma_available(), resolved once by the caller (gemm_wgmma_host.h).
+// 32-token tiles of the register-decode formats stay on mma.sync (measured as fast or faster,
+// gemm_wgmma_host.h).
+template <WFmt WF, bool SPLIT, int BT>
+void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  if constexpr (WgCfg<WF, SPLIT, BT>::kSupported && (BT != 32 || !WTraits<WF>::kRegDecode)) {
+    if (wg) {
+      launch_gemm_wg<WF, SPLIT, BT>(a, grid, s);
+      return;
+    }
+  }
+  launch_gemm_t<WF, BT, SPLIT>(a, grid, s);
+}
+
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   static_assert(WgCfg<WF, SPLIT>::kSupported ==
@@ -477,17 +491,9 @@ void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t 
   switch (bt) {
     case 8: launch_gemm_t<WF, 8, SPLIT>(a, grid, s); break;
     case 16: launch_gemm_t<WF, 16, SPLIT>(a, grid, s); break;
-    case 32: launch_gemm_t<WF, 32, SPLIT>(a, grid, s); break;
-    case 64: launch_gemm_t<WF, 64, SPLIT>(a, grid, s); break;
-    default:
-      if constexpr (WgCfg<WF, SPLIT>::kSupported) {
-        if (wg) {
-          launch_gemm_wg<WF, SPLIT>(a, grid, s);
-          break;
-        }
-      }
-      launch_gemm_t<WF, 128, SPLIT>(a, grid, s);
-      break;
+    case 32: launch_gemm_tile<WF, SPLIT, 32>(wg, a, grid, s); break;
+    case 64: launch_gemm_tile<WF, SPLIT, 64>(wg, a, grid, s); break;
+    default: launch_gemm_tile<WF, SPLIT, 128>(wg, a, grid, s); break;
   }
 }
 

@@ -44,20 +44,22 @@
 namespace qmoe::cuda {
 
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------------
-// The 64 accumulator operands of an m64n128 wgmma (d[0..63], constraint C) and their placeholders.
-#define QMOE_WG_ACC(C) \
-  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), C(d[10]), \
-  C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), \
-  C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), \
-  C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), C(d[40]), \
-  C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), C(d[48]), C(d[49]), C(d[50]), \
-  C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), \
-  C(d[61]), C(d[62]), C(d[63])
-#define QMOE_WG_DREGS \
+// The accumulator operands of an m64nN wgmma (N / 2 per thread: d[0..N/2), constraint C).
+#define QMOE_WG_ACC8(C, o) C(d[o]), C(d[o + 1]), C(d[o + 2]), C(d[o + 3]), C(d[o + 4]), C(d[o + 5]), C(d[o + 6]), C(d[o + 7])
+#define QMOE_WG_ACC16(C, o) QMOE_WG_ACC8(C, o), QMOE_WG_ACC8(C, o + 8)
+#define QMOE_WG_ACC32(C, o) QMOE_WG_ACC16(C, o), QMOE_WG_ACC16(C, o + 16)
+#define QMOE_WG_ACC64(C, o) QMOE_WG_ACC32(C, o), QMOE_WG_ACC32(C, o + 32)
+
+#define QMOE_WG_DREGS16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define QMOE_WG_DREGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63}"
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define QMOE_WG_DREGS64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63}"
 
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout: rows of 128
 // bytes, 8-row (1024-byte) atoms, the atom base 1024-aligned (start address in 16-byte units, bits
@@ -79,28 +81,47 @@ __device__ __forceinline__ void wg_wait() {
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// D[64 × 128] += A[64 × k] (registers: this warp's 16 rows, the mma.sync A layout) · B[k × 128]
-// (shared memory, descriptor), k = 16 (bf16 / f16, fp32 accumulate) or 32 (s8, int32).
-template <WFmt WF, class Acc>
-__device__ __forceinline__ void wgmma_rs(Acc* d, const uint32_t (&a)[4], uint64_t desc) {
+// D[64 × N] += A[64 × k] (registers: this warp's 16 rows, the mma.sync A layout) · B[k × N]
+// (shared memory, descriptor), k = 16 (bf16 / f16, fp32 accumulate), N = 32, 64 or 128 tokens.
+template <WFmt WF, int N>
+__device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
-  if constexpr (WF == WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS
-                 ", {%64, %65, %66, %67}, %68, p;\n}\n"
-                 : QMOE_WG_ACC("+r")
+  if constexpr (N == 32 && AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " QMOE_WG_DREGS16
+                 ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC16("+f", 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else if constexpr (AFrag<WF>::kF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " QMOE_WG_DREGS
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC("+f")
+  } else if constexpr (N == 32 && !AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " QMOE_WG_DREGS16
+                 ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC16("+f", 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-  } else {
+  } else if constexpr (N == 64 && AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " QMOE_WG_DREGS32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC32("+f", 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  } else if constexpr (N == 64 && !AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QMOE_WG_DREGS32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC32("+f", 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  } else if constexpr (N == 128 && AFrag<WF>::kF16) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " QMOE_WG_DREGS64
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : QMOE_WG_ACC("+f")
+                 : QMOE_WG_ACC64("+f", 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+  } else if constexpr (N == 128 && !AFrag<WF>::kF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS64
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : QMOE_WG_ACC64("+f", 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
   }
 #else
@@ -108,19 +129,41 @@ __device__ __forceinline__ void wgmma_rs(Acc* d, const uint32_t (&a)[4], uint64_
 #endif
 }
 
-// D[64 × 128] += A[64 × k] · B[k × 128], both from shared memory (descriptors): BF16 and INT8.
-template <WFmt WF, class Acc>
+// D[64 × N] += A[64 × k] · B[k × N], both from shared memory (descriptors): BF16 (k16) and INT8
+// (k32, int32 accumulate).
+template <WFmt WF, int N, class Acc>
 __device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc) {
+  static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
-  if constexpr (WF == WFmt::INT8) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS ", %64, %65, p;\n}\n"
-                 : QMOE_WG_ACC("+r")
+  if constexpr (N == 32 && WF == WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 " QMOE_WG_DREGS16 ", %16, %17, p;\n}\n"
+                 : QMOE_WG_ACC16("+r", 0)
                  : "l"(adesc), "l"(bdesc), "n"(1));
-  } else {
+  } else if constexpr (N == 32 && WF != WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " QMOE_WG_DREGS16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : QMOE_WG_ACC16("+f", 0)
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  } else if constexpr (N == 64 && WF == WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " QMOE_WG_DREGS32 ", %32, %33, p;\n}\n"
+                 : QMOE_WG_ACC32("+r", 0)
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  } else if constexpr (N == 64 && WF != WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " QMOE_WG_DREGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : QMOE_WG_ACC32("+f", 0)
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  } else if constexpr (N == 128 && WF == WFmt::INT8) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : QMOE_WG_ACC("+f")
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QMOE_WG_DREGS64 ", %64, %65, p;\n}\n"
+                 : QMOE_WG_ACC64("+r", 0)
+                 : "l"(adesc), "l"(bdesc), "n"(1));
+  } else if constexpr (N == 128 && WF != WFmt::INT8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QMOE_WG_DREGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : QMOE_WG_ACC64("+f", 0)
                  : "l"(adesc), "l"(bdesc), "n"(1));
   }
 #else
@@ -129,10 +172,13 @@ __device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc)
 }
 
 // ---- geometry --------------------------------------------------------------------------------------
-template <WFmt WF, bool SPLIT>
+// BT tokens per CTA (wgmma N): 128 for prefill; 32 and 64 for the mid-range token counts, where the
+// mma.sync kernel's MMAs (issued beside the register decode) become the bottleneck.
+template <WFmt WF, bool SPLIT, int BT_ = 128>
 struct WgCfg {
   using WT = WTraits<WF>;
-  static constexpr int BT = 128;
+  static constexpr int BT = BT_;
+  static_assert(BT == 32 || BT == 64 || BT == 128, "wgmma token tiles");
   static constexpr bool kInt8 = WF == WFmt::INT8;
   static constexpr int kARaw = kInt8 ? WT::kBK : 2 * WT::kBK;  // activation bytes per row per stage
   static constexpr int kAtoms = kARaw / 128;                    // 128-byte swizzle columns
@@ -144,7 +190,10 @@ struct WgCfg {
   static_assert(!kSS || WT::kRaw == 128, "one swizzle row per weight row and stage");
   static constexpr int kW1 = kBW * (kSS ? 128 : WT::kStride);  // one warpgroup's weight tile
   static constexpr int kS1 = kBW * WT::kScale;   // and its block scales
-  static constexpr int kBudget = 220 * 1024;
+  // 128- and 64-token tiles: one CTA per SM with all of shared memory; 32-token tiles: half of
+  // it, two CTAs per SM (more copies in flight for the memory-bound mid range).
+  static constexpr int kMinBlocks = BT <= 32 ? 2 : 1;
+  static constexpr int kBudget = BT <= 32 ? 110 * 1024 : 220 * 1024;
   static constexpr int stage_bytes(int wg) { return (kAStage + wg * (kW1 + kS1) + 1023) / 1024 * 1024; }
   static constexpr int kWG = 3 * stage_bytes(2) <= kBudget ? 2 : 1;
   static constexpr int kStageBytes = stage_bytes(kWG);
@@ -159,10 +208,11 @@ struct WgCfg {
 };
 constexpr int kStrip = 8;  // token tiles per rasterisation strip
 
-template <WFmt WF, bool SPLIT>
-__global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(const GemmArgs a) {
+template <WFmt WF, bool SPLIT, int BT_>
+__global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPLIT, BT_>::kMinBlocks)
+    gemm_wg_kernel(const GemmArgs a) {
 #if QMOE_WGMMA_DEVICE
-  using C = WgCfg<WF, SPLIT>;
+  using C = WgCfg<WF, SPLIT, BT_>;
   using WT = typename C::WT;
   using F = AFrag<WF>;
   static_assert(C::kSupported, "3 pipeline stages must fit");
@@ -302,8 +352,8 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
-            wgmma_ss<WF>(&acc[mt][0][0], ad, bdesc(kk));
-            if constexpr (SPLIT) wgmma_ss<WF>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
+            wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk));
+            if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
           }
         }
         wg_commit();
@@ -317,12 +367,12 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
           src.get(kk, f);
           wg_fence();
           const uint64_t desc = bdesc(kk);
-          wgmma_rs<WF>(&acc[0][0][0], f[0], desc);
-          wgmma_rs<WF>(&acc[1][0][0], f[1], desc);
+          wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
+          wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
           if constexpr (SPLIT) {
             const uint64_t dlo = desc + (C::kATile >> 4);
-            wgmma_rs<WF>(&acc[0][0][0], f[0], dlo);
-            wgmma_rs<WF>(&acc[1][0][0], f[1], dlo);
+            wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
+            wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
           }
           wg_commit();
         }
@@ -344,16 +394,17 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT>::kThreads, 1) gemm_wg_kernel(
 }
 
 // grid: (tiles, Npad / 128, splits) as for gemm_kernel; the kernel takes kWG weight tiles per CTA.
-template <WFmt WF, bool SPLIT>
+template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_wg(const GemmArgs& a, dim3 grid, cudaStream_t s) {
-  using C = WgCfg<WF, SPLIT>;
+  using C = WgCfg<WF, SPLIT, BT>;
   static const bool configured = [] {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<WF, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    QMOE_CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_wg_kernel<WF, SPLIT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)configured;
   grid.y = (grid.y + C::kWG - 1) / C::kWG;
-  launch_pdl(gemm_wg_kernel<WF, SPLIT>, grid, C::kThreads, C::kSmem, s, a);
+  launch_pdl(gemm_wg_kernel<WF, SPLIT, BT>, grid, C::kThreads, C::kSmem, s, a);
 }
 
 }  // namespace qmoe::cuda

@@ -5,17 +5,51 @@
 
 namespace qmoe::cuda {
 
-// Formats the wgmma kernel takes (3 pipeline stages must fit in shared memory): all but MXFP6
-// with the bf16 hi + lo split (checked against WgCfg<>::kSupported at compile time, gemm.cuh).
+// Formats the wgmma kernel takes with 128-token tiles (3 pipeline stages must fit in shared
+// memory): all but MXFP6 with the bf16 hi + lo split (checked against WgCfg<>::kSupported at compile
+// time, gemm.cuh). The 32- and 64-token tiles fall back to the mma.sync kernel by themselves where
+// their stages do not fit (launch_gemm_tile).
 constexpr bool wgmma_supported(WFmt f, AFmt a) {
   return !((f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2) && a == AFmt::Bf16Split);
 }
 
-// Mean tokens per active expert from which 128-token tiles on the wgmma kernel beat 64-token
-// tiles on the mma.sync kernel, by weight format: measured on the H200 over four shapes and
-// T = 64…2048 (bench/RESULTS.md, "tile crossover", 2026-12-02). Shared-memory-A formats (BF16,
-// INT8) win from 32; the register-decode formats from 64.
-constexpr int wgmma_min_tokens_per_expert(WFmt f) { return f == WFmt::BF16 || f == WFmt::INT8 ? 32 : 64; }
+// The token tile of a GEMM launch, by weight format and mean tokens per active expert, as data:
+// measured on the H200 (bench/RESULTS.md, "Token tiles on wgmma", 2026-12-02: mixtral-8x7b,
+// qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, T = 16…1024, every tile forced on both kernels).
+// A row applies while mean < below; tiles of 32 and up run on the wgmma kernel where `wg` (the
+// device and the build have it, the format fits) except 32-token tiles of the register-decode
+// formats, whose mma.sync kernel is as fast or faster there (launch_gemm_tile).
+//  * shared-memory-A formats (BF16, INT8): wgmma from the first token — its 32-token tile beats
+//    the mma.sync 8 / 16 tiles even at ~1 token per expert (INT8: 1096 vs 1132 µs, deepseek-v3
+//    T = 16), 64 from a mean of 24, 128 from 64;
+//  * register-decode formats (FP8, FP4, FP6): mma.sync 8 / 16 / 32 to a mean of 64 (wgmma 32 is
+//    1.0–1.7× slower there), wgmma 128 from 64; FP8 alone takes wgmma 64 from a mean of 32
+//    (deepseek-v3 T = 1024: 4408 vs 4893 µs on mma.sync 32);
+//  * without wgmma: 8 / 16 / 32, 64 from a mean of 48 for BF16 / INT8, 128 above 256 (the rule
+//    before this table; not re-measured);
+//  * `split` (fp32-accurate activations as bf16 hi + lo, twice the activation stage): the
+//    register-decode formats keep 16-token tiles to a mean of 24, the rule before this table
+//    (mixtral-8x7b w_mxfp4 T = 64: 477 µs on 16, 530 on 32).
+struct TileRow {
+  double below;
+  int bt;
+};
+inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
+  static constexpr TileRow kSmemA[] = {{24, 32}, {64, 64}, {1e300, 128}};
+  static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
+  static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {64, 32}, {1e300, 128}};
+  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {64, 32}, {1e300, 128}};
+  static constexpr TileRow kNoWgSmemA[] = {{4.5, 8}, {12.5, 16}, {48, 32}, {256.5, 64}, {1e300, 128}};
+  static constexpr TileRow kNoWg[] = {{4.5, 8}, {12.5, 16}, {256.5, 32}, {1e300, 128}};
+  const bool smem_a = f == WFmt::BF16 || f == WFmt::INT8;
+  auto pick = [mean](const auto& rows) {
+    for (const TileRow& r : rows)
+      if (mean < r.below) return r.bt;
+    return 128;
+  };
+  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : split ? pick(kRegSplit) : pick(kReg);
+  return smem_a ? pick(kNoWgSmemA) : pick(kNoWg);
+}
 
 // True when the current device runs this build's wgmma kernels: the library was compiled with an
 // sm_90a image (QMOE_CUDA_SM90A) and the device has compute capability 9.0. QMOE_CUDA_WGMMA=0 in

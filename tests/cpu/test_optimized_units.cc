@@ -418,20 +418,47 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     std::vector<uint8_t> act(static_cast<size_t>(layout.stride * ntok));
     std::vector<int32_t> index(ntok);
     std::vector<float> post(ntok);
+    // The same rows with every weight and activation made non-negative: the scalar kernel on them
+    // gives Σ |w·x| per output, the scale of the fp32 rounding of a sum taken in another order
+    // (F32 and Bf16 kinds; the order inside a vdpbf16ps pair is the CPU's own, AMD Zen 4 rounding
+    // differently from Zen 5 and Intel).
+    std::vector<uint8_t> act_abs(act.size());
     for (int t = 0; t < ntok; ++t) {
       std::vector<float> x(static_cast<size_t>(k));
       for (float& v : x) v = nd(rng);
       QuantRowArgs q{&rule, &layout, 0.0f, x.data(), act.data() + static_cast<int64_t>(t) * layout.stride};
       quantize_row_scalar(q);
+      for (float& v : x) v = std::fabs(v);  // the quantizers are symmetric: |q(x)| = q(|x|)
+      QuantRowArgs qa{&rule, &layout, 0.0f, x.data(), act_abs.data() + static_cast<int64_t>(t) * layout.stride};
+      quantize_row_scalar(qa);
       index[static_cast<size_t>(t)] = ntok - 1 - t;
       post[static_cast<size_t>(t)] = 0.5f + 0.1f * (t % 11);  // ≤ 1.5: the bound's absolute floor is not scaled
     }
-    auto run = [&](Isa isa, int nt) {
+    std::vector<uint8_t> wabs = wbytes;
+    if (bf16w)
+      for (size_t i = 1; i < wabs.size(); i += 2) wabs[i] &= 0x7F;
+    else if (kc.fmt == WeightFormat::Fp8E4M3)
+      for (auto& b : wabs) b &= 0x7F;
+    else if (kc.fmt == WeightFormat::Mxfp4)
+      for (auto& b : wabs) b &= 0x77;
+    else if (is_mx_weight(kc.fmt))
+      for (int r = 0; r < rows; ++r) {
+        std::vector<uint8_t> codes(static_cast<size_t>(k));
+        unpack_fp6(wabs.data() + r * pcols, k, codes.data());
+        for (auto& c : codes) c &= 0x1F;
+        pack_fp6(codes.data(), k, wabs.data() + r * pcols);
+      }
+    WeightView wa = w;
+    wa.data = wabs.data();
+    std::vector<float> bias_abs(bias.size());
+    for (size_t i = 0; i < bias.size(); ++i) bias_abs[i] = std::fabs(bias[i]);
+    wa.bias = bias_abs.data();
+    auto run = [&](Isa isa, int nt, bool magnitude = false) {
       std::vector<float> out(static_cast<size_t>(ntok * rows), 0.0f);
       GemmArgs g;
-      g.w = &w;
+      g.w = magnitude ? &wa : &w;
       g.layout = &layout;
-      g.act_base = act.data();
+      g.act_base = magnitude ? act_abs.data() : act.data();
       g.act_index = index.data();
       g.ntok = nt;
       g.row0 = 1;
@@ -444,6 +471,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     };
     for (int nt : {1, 2, 3, 11, ntok}) {
       const std::vector<float> want = run(Isa::Scalar, nt);
+      const std::vector<float> mag = run(Isa::Scalar, nt, /*magnitude=*/true);
       for (Isa isa : isas()) {
         if (isa == Isa::Scalar || !implements(isa, kc.kind)) continue;
         const std::vector<float> got = run(isa, nt);
@@ -451,7 +479,12 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
           if (kc.kind == DotKind::I8) {
             ASSERT_EQ(got[i], want[i]) << "I8 is exact; isa " << isa_name(isa) << " i " << i;  // exact int32 dot
           } else {
-            ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0))
+            // 2e-6 relative (the output's own rounding and the scales' products), plus, for the
+            // fp32-sum kinds, 4·√k fp32 units of Σ |w·x| (a sum of k terms in another order).
+            const double order = kc.kind == DotKind::F32 || kc.kind == DotKind::Bf16
+                                     ? 4.0 * std::sqrt(static_cast<double>(k)) * 0x1p-24 * std::fabs(mag[i])
+                                     : 0.0;
+            ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0) + order)
                 << static_cast<int>(kc.kind) << " " << to_string(kc.fmt) << " k " << k << " ntok " << nt << " isa "
                 << isa_name(isa) << " i " << i;
           }

@@ -420,11 +420,11 @@ TEST(CudaExperts, LargerPrefill) {
   }
 }
 
-// ---- 128-token tiles on both kernels (wgmma on Hopper, mma.sync), every scheme -------------------
-// Ragged tiles (~150 tokens per expert: one full and one partial tile), an odd number of 128-row
-// weight tiles in both GEMMs (N = 640 and 576: the wgmma kernel's second warpgroup idles on the
-// last one) and K padded to the stage (I = 320).
-TEST(CudaExperts, PrefillTilesEveryScheme) {
+// ---- 32-, 64- and 128-token tiles on both kernels (wgmma on Hopper, mma.sync), every scheme -------
+// Ragged tiles (~150 tokens per expert: full and partial tiles of every size), an odd number of
+// 128-row weight tiles in both GEMMs (N = 640 and 576: the wgmma kernel's second warpgroup idles
+// on the last one) and K padded to the stage (I = 320).
+TEST(CudaExperts, WgmmaTilesEveryScheme) {
   SKIP_WITHOUT_GPU();
   for (const auto& s : all_schemes()) {
     Problem pb;
@@ -432,12 +432,14 @@ TEST(CudaExperts, PrefillTilesEveryScheme) {
     pb.E = 4;
     pb.H = 576;
     pb.I = 320;
-    for (bool wg : {true, false}) {
-      CudaOptions o;
-      o.token_tile = 128;
-      o.wgmma = wg;
-      expect_exact(s, run_problem(s, pb, o), pb.T, std::string(s.name) + (wg ? " wgmma" : " mma.sync"));
-    }
+    for (int bt : {32, 64, 128})
+      for (bool wg : {true, false}) {
+        CudaOptions o;
+        o.token_tile = bt;
+        o.wgmma = wg;
+        expect_exact(s, run_problem(s, pb, o), pb.T,
+                     std::string(s.name) + " tile " + std::to_string(bt) + (wg ? " wgmma" : " mma.sync"));
+      }
   }
 }
 
