@@ -1,127 +1,18 @@
 // AVX-512 VNNI W4A4 kernels (MXFP4 × MXFP4, NVFP4 × NVFP4), compiled with the AVX-512 flags:
-//  * row-major: 4 weight rows × ≤ 4 tokens, 64 weights per step decoded in registers (few tokens
-//    per expert: the memory-bound regime);
-//  * 16-row tiles: 16 rows in the 16 lanes, decoded once per tile, each token one vpdpbusd per 4
-//    weights × 16 rows (many tokens per expert: the compute-bound regime).
+//  * row-major: the generic kernel (simd/gemm.h gemm_w4a4_rows: 4 weight rows × ≤ 4 tokens, 64
+//    weights per step decoded in registers; few tokens per expert: the memory-bound regime);
+//  * 16-row tiles (here, AVX-512 only): 16 rows in the 16 lanes, decoded once per tile, each token
+//    one vpdpbusd per 4 weights × 16 rows (many tokens per expert: the compute-bound regime).
 // Both compute exact integer sums per block (2·e2m1 × 2·e2m1) and scale them in fp32.
-// No library inline code here (see gemm_avx512.cc).
-#include "cpu/simd_avx512.h"
+// No library inline code here (see simd/gemm.h).
+#include "cpu/simd/avx512.h"
+#include "cpu/simd/gemm.h"
 
 namespace qmoe::cpu {
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Fp4 W4A4: 64 weights (two 32-groups) per step. Weights: the 32 packed bytes broadcast to both
-// halves, shifted by 0 / 4 and masked give the nibbles in act order [even g | even g+1 | odd g |
-// odd g+1]; one vpshufb maps them to u8 (2·e2m1 + 12). Activations: int8 2·e2m1 values;
-// vpdpbusd starts from the row's correction word −12·Σ(4 values), so each int32 lane holds the
-// exact sum of 4 products of one block. Lane scale = weight block factor × activation block
-// factor. Lane → block: MX [A A A A B B B B A A A A B B B B] (A = group g); NVFP4 (blocks
-// a0 a1 of g, b0 b1 of g+1) [a0 a0 a1 a1 b0 b0 b1 b1 a0 a0 a1 a1 b0 b0 b1 b1].
-template <bool kMx>
-inline __m512i lane_block_index() {
-  if (kMx) return _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  return _mm512_set_epi32(3, 3, 2, 2, 1, 1, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0);
-}
-
-// NVFP4 per-block weight factors fp8(s)·ws2 (rounded once, as the reference) of 4 rows:
-// wsb[i·ld + b], zero padded by 16.
-void nv_block_factors(const uint8_t* const* sc, int nblocks, float ws2, float* wsb, int ld) {
-  for (int i = 0; i < kNR; ++i) {
-    float* o = wsb + static_cast<int64_t>(i) * ld;
-    for (int b = 0; b < nblocks; b += 16) {
-      const int n = nblocks - b < 16 ? nblocks - b : 16;
-      const __m128i raw = n == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[i] + b)) : _mm_maskz_loadu_epi8(mask16(n), sc[i] + b);
-      _mm512_storeu_ps(o + b, _mm512_mul_ps(fp8_to_f32(raw), _mm512_set1_ps(ws2)));  // zero past nblocks
-    }
-    _mm512_storeu_ps(o + ((nblocks + 15) & ~15), _mm512_setzero_ps());
-  }
-}
-
-// 4 floats repeated over the 4 128-bit lanes. (Written as a shuffle: GCC 12 hits an internal
-// compiler error on _mm512_broadcast_f32x4(_mm_loadu_ps(p)) under -fsanitize; it still emits a
-// broadcast load.)
-inline __m512 broadcast128(const float* p) {
-  const __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(p));
-  return _mm512_shuffle_f32x4(v, v, 0);
-}
-
-// The NR weight rows of a row-major step: packed rows, and per-block factors — MX from the E8M0
-// bytes directly (one table read per block), NVFP4 from nv_block_factors' buffer.
-struct Fp4Rows {
-  const uint8_t* w0;      // packed row 0
-  int64_t wstride;        // bytes between rows
-  const uint8_t* sc0;     // MX: scale bytes of row 0
-  int64_t sstride;        // MX: scale bytes between rows (nblocks)
-  int nblocks;
-  const float* e8;        // MX: E8M0 values
-  const float* wsb;       // NVFP4: factors, row i at wsb + i·ld
-  int ld;
-  int64_t pf_dist;        // prefetch_seq distance
-};
-
-// One 64-weight step of NR rows × NT tokens. `kTail`: masked weight load for the last step.
-template <bool kMx, int NT, int NR, bool kTail>
-inline void fp4_step(int k, int nbytes, const Fp4Rows& wr, const uint8_t* const* act, const ActLayout& l,
-                     __m512 (*acc)[NR]) {
-  const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-  const __m512i low4 = _mm512_set1_epi8(15);
-  const __m512i bidx = lane_block_index<kMx>();
-  const int b = kMx ? k >> 5 : k >> 4;
-  __m512 as[NT];
-  __m512i corr[NT];
-  for (int t = 0; t < NT; ++t) {
-    as[t] = _mm512_permutexvar_ps(bidx, _mm512_loadu_ps(reinterpret_cast<const float*>(act[t] + l.scales_off) + b));
-    corr[t] = _mm512_loadu_si512(act[t] + l.corr_off + k);
-  }
-  for (int i = 0; i < NR; ++i) {
-    const uint8_t* p = wr.w0 + i * wr.wstride + (k >> 1);
-    prefetch_seq(wr.w0, wr.pf_dist, k >> 6, i, NR, 32);
-    __m512i q;
-    if (kTail) q = _mm512_broadcast_i64x4(_mm256_maskz_loadu_epi8(static_cast<__mmask32>((1ull << nbytes) - 1ull), p));
-    else q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512i wu = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srlv_epi64(q, shifts), low4));
-    __m512 ws;
-    if (kMx) {
-      const uint8_t* sc = wr.sc0 + i * wr.sstride + b;
-      const float fb = (kTail && b + 1 >= wr.nblocks) ? 0.0f : wr.e8[sc[1]];
-      ws = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(wr.e8[sc[0]]), _mm512_set1_ps(fb));
-    } else {  // (a0 a1 b0 b1) in every 128-bit lane → [a0 a0 a1 a1 | b0 b0 b1 b1 | …] in-lane
-      const float* f = wr.wsb + static_cast<int64_t>(i) * wr.ld + b;
-      ws = _mm512_permutevar_ps(broadcast128(f), _mm512_set_epi32(3, 3, 2, 2, 1, 1, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0));
-    }
-    for (int t = 0; t < NT; ++t) {
-      const __m512i d = _mm512_dpbusd_epi32(corr[t], wu, _mm512_loadu_si512(act[t] + l.vals_off + k));
-      acc[t][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws, as[t]), acc[t][i]);
-    }
-  }
-}
-
-template <bool kMx, int NT, int NR>
-void fp4_kernel(const Fp4Rows& wr, const uint8_t* const* act, const ActLayout& l, int K, float (*res)[kNR]) {
-  __m512 acc[NT][NR];
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < NR; ++i) acc[t][i] = _mm512_setzero_ps();
-  const int kmain = K & ~63;
-  for (int k = 0; k < kmain; k += 64) fp4_step<kMx, NT, NR, false>(k, 32, wr, act, l, acc);
-  if (kmain < K) fp4_step<kMx, NT, NR, true>(kmain, (K - kmain) >> 1, wr, act, l, acc);
-  for (int t = 0; t < NT; ++t)
-    if constexpr (NR == 4) _mm_storeu_ps(res[t], hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
-    else
-      for (int i = 0; i < NR; ++i) res[t][i] = hsum(acc[t][i]);
-}
-
-template <bool kMx, int NR>
-void fp4_group(int nt, const Fp4Rows& wr, const uint8_t* const* act, const ActLayout& l, int K, float (*res)[kNR]) {
-  switch (nt) {
-    case 1: fp4_kernel<kMx, 1, NR>(wr, act, l, K, res); break;
-    case 2: fp4_kernel<kMx, 2, NR>(wr, act, l, K, res); break;
-    case 3: fp4_kernel<kMx, 3, NR>(wr, act, l, K, res); break;
-    default: fp4_kernel<kMx, 4, NR>(wr, act, l, K, res); break;
-  }
-}
+constexpr int kNT = Avx512::kNT;
 
 // ---------------------------------------------------------------------------------------------
 // Fp4 W4A4 for experts with many tokens: 16 weight rows in the 16 lanes. A tile of 16 rows is
@@ -298,53 +189,13 @@ void gemm_fp4_tile(const GemmArgs& a, int n0) {
 // and transpose stop dominating).
 constexpr int kTileMinTokens = 8;
 
+
 template <bool kMx>
 void gemm_fp4(const GemmArgs& a) {
-  const ActLayout& l = *a.layout;
-  const WeightView& w = *a.w;
-  const int K = w.cols;
-  const int ld = ((l.nblocks + 15) & ~15) + 16;
-  float* wsb = kMx ? nullptr : static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kNR * static_cast<size_t>(ld)));
   int first = a.row0;
   if (a.ntok >= kTileMinTokens)
     for (; first + 16 <= a.row1; first += 16) gemm_fp4_tile<kMx>(a, first);
-  for (int n0 = first; n0 < a.row1; n0 += kNR) {
-    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
-    if (!kMx) {
-      const uint8_t* sc[kNR];
-      for (int i = 0; i < kNR; ++i) sc[i] = w.scales + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * l.nblocks;
-      nv_block_factors(sc, l.nblocks, w.nv_global, wsb, ld);
-    }
-    const Fp4Rows rows{w.data + static_cast<int64_t>(n0) * w.row_bytes,
-                       w.row_bytes,
-                       w.scales + static_cast<int64_t>(n0) * l.nblocks,
-                       l.nblocks,
-                       l.nblocks,
-                       e8m0_table(),
-                       wsb,
-                       ld,
-                       prefetch_distance(kNR * w.row_bytes)};
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
-      const uint8_t* act[kNT];
-      for (int t = 0; t < nt; ++t) act[t] = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
-      float dot[kNT][kNR] = {};
-      if (nr == kNR) {
-        fp4_group<kMx, kNR>(nt, rows, act, l, K, dot);
-      } else {
-        for (int i = 0; i < nr; ++i) {
-          Fp4Rows one_row = rows;
-          one_row.w0 += i * w.row_bytes;
-          one_row.sc0 += i * l.nblocks;
-          if (wsb) one_row.wsb += static_cast<int64_t>(i) * ld;
-          float one[kNT][kNR];
-          fp4_group<kMx, 1>(nt, one_row, act, l, K, one);
-          for (int t = 0; t < nt; ++t) dot[t][i] = one[t][0];
-        }
-      }
-      epilogue(a, n0, nr, j0, nt, dot);
-    }
-  }
+  gemm_w4a4_rows<Avx512, kMx>(a, first);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Internal interface between the optimized expert driver (experts_optimized.cc) and the per-ISA
-// kernels (kernels_scalar.cc, *_avx2.cc, *_avx512.cc). Everything here is plain data + function
-// pointers so that the ISA translation units (compiled with their own -m flags) share no inline
-// code with the baseline ones.
+// kernels (kernels_scalar.cc; *_avx2.cc, *_avx512.cc: the generic kernels of simd/*.h on each
+// target's ISA layer, simd/<target>.h). Everything here is plain data + function pointers so
+// that the ISA translation units (compiled with their own -m flags) share no inline code with the
+// baseline ones.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ enum class DotKind : uint8_t {
 //   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale;
 //                       followed by ≥ 16 zero floats (kernels load 16 at a time).
 //   [corr_off, ...)     Fp4 kinds: int32 per 4 stored values, −12 · (their sum): the correction of
-//                       an unsigned-offset dot product Σ (2w + 12)·v (see gemm_avx512.cc).
+//                       an unsigned-offset dot product Σ (2w + 12)·v (see gemm_fp4_avx512.cc).
 //   [bcorr_off, ...)    Fp4 kinds: int32 per block, −12 · (the block's sum of values).
 // Value order: for fp4 weight formats (MXFP4, NVFP4) each 64-element chunk (32-groups g, g+1;
 // 32 packed bytes) is stored as [even elements of g | even of g+1 | odd of g | odd of g+1]
@@ -116,7 +117,7 @@ struct QuantRowArgs {
 };
 
 // The gated activation as plain data (ActivationSpec holds a std::optional; the SIMD translation
-// units use no library inline code, see kernels_avx2.cc).
+// units use no library inline code, see simd/gemm.h).
 struct ActParams {
   Activation kind = Activation::Silu;
   bool interleaved = false;
@@ -137,15 +138,9 @@ struct KernelTable {
 };
 
 const KernelTable& kernel_table(Isa isa);
-// Per-ISA entry points (defined in the ISA translation units).
+// Per-target GEMM entry points (gemm_<target>.cc), read by the target's table (quant_<target>.cc).
 void gemm_avx512(const GemmArgs& a);
-void quantize_row_avx512(const QuantRowArgs& a);
-void activation_row_avx512(const ActParams& act, const float* y1, int inter, float* z);
-float abs_max_avx512(const float* x, int64_t n);
 void gemm_avx2(const GemmArgs& a);
-void quantize_row_avx2(const QuantRowArgs& a);
-void activation_row_avx2(const ActParams& act, const float* y1, int inter, float* z);
-float abs_max_avx2(const float* x, int64_t n);
 // 64-byte aligned per-thread scratch (slot 0..3), grown as needed, valid until the next call
 // with the same slot on the same thread.
 void* thread_scratch_buffer(int slot, size_t bytes);

@@ -1,0 +1,372 @@
+// The AVX2 target of the CPU kernels (AVX2 + FMA + F16C): include only from translation units
+// compiled with the AVX2 flags (*_avx2.cc). Everything is in an anonymous namespace (internal
+// linkage), so no AVX2 instance of these functions can be picked by the linker for another
+// translation unit.
+//   vector    __m256 (8 fp32 lanes), __m256i
+//   rows      2 weight rows × ≤ 4 tokens per micro-kernel
+//   I8 step   int8 sign-extended to int16, vpmaddwd into int32 (exact; vpmaddubsw could
+//             saturate), 16 codes per step
+#pragma once
+
+// GCC 12's AVX-512 headers implement the "undefined upper bits" casts with self-initialised
+// variables, which -Wuninitialized (-Werror) flags inside the intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+
+namespace qmoe::cpu {
+namespace {
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float hsum(__m256 v) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+inline int32_t hsum_epi32(__m256i v) {
+  const __m128i b = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i c = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
+  return _mm_cvtsi128_si32(_mm_add_epi32(c, _mm_shuffle_epi32(c, 1)));
+}
+
+// Copies n ≤ 32 bytes at p into a zero-padded 32-byte buffer.
+inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp) {
+  std::memset(tmp, 0, 32);
+  std::memcpy(tmp, p, static_cast<size_t>(n));
+  return tmp;
+}
+
+inline __m128i load8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+
+// e2m1 nibbles (in the low 4 bits of each dword) → value × scale: magnitude from an 8-entry
+// table (pre-multiplied by the block scale, which may be negative for NVFP4), sign bit 3 XORed in.
+inline __m256 e2m1_lookup(__m256i nib, __m256 tbl) {
+  const __m256 mag = _mm256_permutevar8x32_ps(tbl, nib);
+  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nib, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(mag), sign));
+}
+
+const float kE2m1Mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// One fp4 group (16 bytes at p, `bytes` of them valid): even elements → e[0..1], odd → o[0..1];
+// ta / tb: the tables of bytes 0..7 / 8..15 (NVFP4: two 16-blocks; MX: the same table).
+inline void fp4_group(const uint8_t* p, int bytes, __m256 ta, __m256 tb, __m256* e, __m256* o) {
+  uint8_t tmp[32];
+  if (bytes < 16) p = padded(p, bytes < 0 ? 0 : bytes, tmp);
+  const __m256i lo_mask = _mm256_set1_epi32(15);
+  const __m256i xa = _mm256_cvtepu8_epi32(load8(p));
+  const __m256i xb = _mm256_cvtepu8_epi32(load8(p + 8));
+  e[0] = e2m1_lookup(_mm256_and_si256(xa, lo_mask), ta);
+  e[1] = e2m1_lookup(_mm256_and_si256(xb, lo_mask), tb);
+  o[0] = e2m1_lookup(_mm256_srli_epi32(xa, 4), ta);
+  o[1] = e2m1_lookup(_mm256_srli_epi32(xb, 4), tb);
+}
+
+// MXFP6: 8 elements = 6 bytes; 128-bit lane 0 takes bytes 0..2 (elements 0..3), lane 1 bytes 3..5.
+template <bool kE2M3>
+inline __m256 fp6_eight(const uint8_t* p) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, 6);
+  const __m256i b = _mm256_set1_epi64x(static_cast<long long>(v));
+  const __m256i idx = _mm256_setr_epi8(0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128,  //
+                                       3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128);
+  const __m256i wv = _mm256_shuffle_epi8(b, idx);
+  const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
+  __m256i bits;
+  float mul;
+  if (kE2M3) {
+    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 6), _mm256_set1_epi32(static_cast<int>(0x81F00000u)));
+    mul = bits_to_float(0x7E800000u);  // 2^126
+  } else {
+    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 5), _mm256_set1_epi32(static_cast<int>(0x83E00000u)));
+    mul = bits_to_float(0x7D800000u);  // 2^124
+  }
+  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(mul));
+}
+
+// The ISA layer of the AVX2 target, as the generic kernels (simd/gemm.h) use it.
+struct Avx2 {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int kLanes = 8;
+  static constexpr int kNR = 2;  // weight rows per micro-kernel
+  static constexpr int kNT = 4;  // tokens per micro-kernel
+  // Target-only kernels (declared in simd/gemm.h, defined in this target's translation units).
+  static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
+  static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
+
+  static F zero() { return _mm256_setzero_ps(); }
+  static F loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  template <int NR>
+  static void hsum_rows(const F (&acc)[NR], float* out) {
+    for (int i = 0; i < NR; ++i) out[i] = hsum(acc[i]);
+  }
+
+  // F32-kind decoders: the 32 weights [k, k + 32) of a row as 4 vectors, `n` of them inside K
+  // (zeros beyond).
+  static void dec_f32(const float* p, int n, F* w) {
+    if (n >= 32) {
+      for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps(p + 8 * j);
+    } else {
+      alignas(32) float tmp[32] = {};
+      std::memcpy(tmp, p, static_cast<size_t>(n) * 4);
+      for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(tmp + 8 * j);
+    }
+  }
+  template <bool kBf16>
+  static void dec_half(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[64];
+    if (n < 32) {
+      std::memset(tmp, 0, 64);
+      std::memcpy(tmp, p, static_cast<size_t>(n) * 2);
+      p = tmp;
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j));
+      if (kBf16) w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      else w[j] = _mm256_cvtph_ps(h);
+    }
+  }
+  // FP8 through fp16: h = ((c << 8) >>arith 1) & 0xBF80 is the value × 2^−8 (subnormals
+  // included; the 2^8 goes into the epilogue).
+  static void dec_fp8(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[32];
+    if (n < 32) p = padded(p, n, tmp);
+    for (int j = 0; j < 4; ++j) {
+      const __m128i b = load8(p + 8 * j);
+      const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8), 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
+      w[j] = _mm256_cvtph_ps(h);
+    }
+  }
+  static void dec_i8(const uint8_t* p, int n, F* w) {
+    uint8_t tmp[32];
+    if (n < 32) p = padded(p, n, tmp);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(p + 8 * j)));
+  }
+  template <bool kE2M3>
+  static void dec_fp6(const uint8_t* p, float s, F* w) {
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_mul_ps(fp6_eight<kE2M3>(p + 6 * j), sv);
+  }
+  // FP4, 64 weights in act order [even g | even g+1 | odd g | odd g+1] as 8 vectors (see Avx512).
+  static F fp4_base() { return _mm256_loadu_ps(kE2m1Mag); }
+  template <bool kMx>
+  static void dec_fp4(const uint8_t* p, int bytes, const float* f, F base, F* w) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256 ta = _mm256_mul_ps(base, _mm256_set1_ps(kMx ? f[h] : f[2 * h]));
+      const __m256 tb = kMx ? ta : _mm256_mul_ps(base, _mm256_set1_ps(f[2 * h + 1]));
+      if (bytes - 16 * h <= 0) {
+        w[2 * h] = w[2 * h + 1] = w[4 + 2 * h] = w[5 + 2 * h] = _mm256_setzero_ps();
+        continue;
+      }
+      fp4_group(p + 16 * h, bytes - 16 * h, ta, tb, w + 2 * h, w + 4 + 2 * h);
+    }
+  }
+
+  // I8 kind: 16 codes per step, int16 products summed pairwise into int32 (no offset).
+  static constexpr int kI8Step = 16;
+  static constexpr int kI8Offset = 0;
+  static I izero() { return _mm256_setzero_si256(); }
+  static I i8_act(const uint8_t* x) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
+  static I i8_weights(const uint8_t* p, int n) {
+    if (n >= 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    uint8_t tmp[32];
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(padded(p, n, tmp))));
+  }
+  static I i8_dot(I acc, I w, I x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
+  template <int NR>
+  static void hsum_rows_i32(const I (&acc)[NR], int32_t* out) {
+    for (int i = 0; i < NR; ++i) out[i] = hsum_epi32(acc[i]);
+  }
+
+  // --- quantizers (simd/quant.h) ---
+  using M = __m256;  // compare results (all-ones lanes)
+  using D = __m256d;
+  static constexpr int kDLanes = 4;
+  static constexpr bool kBf16Rows = false;  // DotKind::Bf16 rows: the scalar quantizer
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F abs(F v) { return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF))); }
+  static F trunc(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
+  static F round_even(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static float reduce_max(F v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static I as_int(F v) { return _mm256_castps_si256(v); }
+  static F as_float(I v) { return _mm256_castsi256_ps(v); }
+  static I iset1(int v) { return _mm256_set1_epi32(v); }
+  static I iand(I a, I b) { return _mm256_and_si256(a, b); }
+  static I ior(I a, I b) { return _mm256_or_si256(a, b); }
+  static I iadd(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
+  static I sign_bits(F v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(static_cast<int>(0x80000000u))); }
+  static int32_t reduce_add_i32(I v) { return hsum_epi32(v); }
+  static M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M isnan(F v) { return _mm256_cmp_ps(v, v, _CMP_UNORD_Q); }
+  static M mzero() { return _mm256_setzero_ps(); }
+  static M mor(M a, M b) { return _mm256_or_ps(a, b); }
+  static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
+  static F select(M m, F yes, F no) { return _mm256_blendv_ps(no, yes, m); }
+  static F mask_add(F a, M m, F b) { return _mm256_add_ps(a, _mm256_and_ps(m, b)); }
+  static F load_partial(const float* p, int n) {
+    alignas(32) float tmp[8] = {};
+    std::memcpy(tmp, p, static_cast<size_t>(n < 0 ? 0 : n > 8 ? 8 : n) * 4);
+    return _mm256_load_ps(tmp);
+  }
+  // A 32-group (v[0..3] = elements 0..7, 8..15, 16..23, 24..31) → [even elements | odd elements].
+  static void act_order(F* v) {
+    auto even = [](__m256 a, __m256 b) {
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    auto odd = [](__m256 a, __m256 b) {
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    const __m256 e0 = even(v[0], v[1]), e1 = even(v[2], v[3]), o0 = odd(v[0], v[1]), o1 = odd(v[2], v[3]);
+    v[0] = e0;
+    v[1] = e1;
+    v[2] = o0;
+    v[3] = o1;
+  }
+  // 16 integral values (v[0], v[1]) → int8 at p (saturating); returns their lane sums as int32.
+  static I store_i8_half(int8_t* p, const F* v) {
+    const __m256i i0 = _mm256_cvtps_epi32(v[0]), i1 = _mm256_cvtps_epi32(v[1]);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), _MM_SHUFFLE(3, 1, 2, 0));  // 16 int16 in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    return _mm256_add_epi32(i0, i1);
+  }
+  static void fp4_corrections(const ActLayout& l, uint8_t* row) { fill_fp4_corrections(l, row); }
+  // Doubles: 2^n built from its bits, exact for x in [−708, 709] (a normal double).
+  static constexpr double kExpLo = -708.0, kExpHi = 709.0;
+  static D dset1(double v) { return _mm256_set1_pd(v); }
+  static D dadd(D a, D b) { return _mm256_add_pd(a, b); }
+  static D dsub(D a, D b) { return _mm256_sub_pd(a, b); }
+  static D dmul(D a, D b) { return _mm256_mul_pd(a, b); }
+  static D ddiv(D a, D b) { return _mm256_div_pd(a, b); }
+  static D dmin(D a, D b) { return _mm256_min_pd(a, b); }
+  static D dmax(D a, D b) { return _mm256_max_pd(a, b); }
+  static D dfmadd(D a, D b, D c) { return _mm256_fmadd_pd(a, b, c); }
+  static D dfnmadd(D a, D b, D c) { return _mm256_fnmadd_pd(a, b, c); }
+  static D dround(D v) { return _mm256_round_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static D dabs(D v) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
+  static D dscale2(D p, D n) {  // p · 2^n, n ∈ [−1022, 1023]
+    const __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n));
+    const __m256i bits = _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52);
+    return _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
+  }
+  static D dcopysign(D a, D s) { return _mm256_or_pd(a, _mm256_and_pd(s, _mm256_set1_pd(-0.0))); }
+  static void load_gate_up(bool interleaved, const float* y1, int inter, int j, int n, D& g, D& u) {
+    alignas(16) float gf[4] = {}, uf[4] = {};
+    for (int i = 0; i < n; ++i) {
+      gf[i] = interleaved ? y1[2 * (j + i)] : y1[j + i];
+      uf[i] = interleaved ? y1[2 * (j + i) + 1] : y1[inter + j + i];
+    }
+    g = _mm256_cvtps_pd(_mm_load_ps(gf));
+    u = _mm256_cvtps_pd(_mm_load_ps(uf));
+  }
+  static void store_d(float* z, int n, D r) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm256_cvtpd_ps(r));
+    for (int i = 0; i < n; ++i) z[i] = out[i];
+  }
+
+  // --- W4A4 (Fp4Mx / Fp4Nv, simd/gemm.h) ---
+  // A 64-chunk: weights through a 16-entry byte table (vpshufb on the nibbles) as
+  // 2·e2m1 + 12 ∈ [0, 24] (unsigned), low nibbles (stored positions 0..31) and high (32..63);
+  // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
+  // |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
+  // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
+  // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: 2 rows, twice.
+  struct W4 {
+    __m256i lo, hi;
+  };
+  using W4A = W4;
+  template <int NT>
+  static constexpr int kW4Rows = NT == 1 ? 4 : 2;
+  static constexpr bool kW4SeqPrefetch = false;  // one line per row every two chunks, first token group only
+  template <bool kFull>
+  static W4 w4_weights(const uint8_t* p, int nbytes) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint8_t tmp[32];
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kFull ? p : padded(p, nbytes, tmp)));
+    return {_mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, m4)), _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4))};
+  }
+  static W4A w4_act(const int8_t* v) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32))};
+  }
+  // Lane j: the correction words of positions 4j..4j+3 and 32+4j..32+4j+3.
+  static I w4_corr(const int32_t* c) {
+    return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 8)));
+  }
+  // Per-lane block scales from the chunk's first block on (MX lanes 0–3 block 0, 4–7 block 1;
+  // NVFP4 lane j block j / 2).
+  template <bool kMx>
+  static F w4_lane_scales(const float* s) {
+    const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), lane_block);
+  }
+  // A weight row's block factors: a per-row buffer (w4_mx_factors / w4_nv_factors), per lane as
+  // the activation's.
+  template <bool kMx>
+  using W4Factors = const float*;
+  template <bool kMx>
+  static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
+    if (kMx) w4_mx_factors(sc, nb, buf);
+    else w4_nv_factors(sc, nb, ws2, buf);
+    return buf;
+  }
+  template <bool kMx, bool kFull>
+  static F w4_weight_scales(const float* f, int b, int /*nb*/) {
+    return w4_lane_scales<kMx>(f + b);
+  }
+  static I w4_dot(const W4& w, const W4A& a, I corr) {
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, a.lo), _mm256_maddubs_epi16(w.hi, a.hi));
+    return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr);
+  }
+  static F cvt_i32(I v) { return _mm256_cvtepi32_ps(v); }
+  // Per-block weight factors of one row, then 16 zeros: MX 2^(s−127) (E8M0 bytes as fp32 bits:
+  // s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet NaN 0x7FC00000, e8m0_decode's values);
+  // NVFP4 fp8(s)·ws2.
+  static void w4_mx_factors(const uint8_t* sc, int nb, float* f) {
+    const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255), fix = _mm256_set1_epi32(0x00400000);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const __m256i s = _mm256_cvtepu8_epi32(load8(sc + b));
+      const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(s, zero), _mm256_cmpeq_epi32(s, ff));
+      const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(s, 23), _mm256_and_si256(special, fix));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + b), bits);
+    }
+    const float* e8 = e8m0_table();
+    for (; b < nb; ++b) f[b] = e8[sc[b]];
+    for (int z = 0; z < 16; ++z) f[nb + z] = 0.0f;
+  }
+  static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
+    const float* table = fp8_e4m3_table();
+    for (int b = 0; b < nb; ++b) f[b] = table[sc[b]] * ws2;
+    for (int b = nb; b < nb + 16; ++b) f[b] = 0.0f;
+  }
+};
+
+}  // namespace
+}  // namespace qmoe::cpu

@@ -1,0 +1,541 @@
+// The CPU GEMM kernels, written once against a target's ISA layer T (simd/avx2.h, simd/avx512.h)
+// and compiled once per target by that target's translation unit (gemm_<target>.cc, with its -m
+// flags; CMakeLists.txt). Selected at run time through KernelTable (kernels_scalar.cc).
+//
+// Row-major micro-kernels over T::kNR weight rows × up to T::kNT tokens: each weight vector is
+// decoded once in registers from the packed format and used for every token of the group; one
+// fp32 / int32 accumulator vector per (token, row), reduced horizontally at the end of the row.
+//   F32 : 32 weights per step (64 for fp4) decoded by T::dec_* (block scale folded into a table
+//         for fp4; shift/mask bit tricks for fp8 / fp6, checked against formats.h by the tests),
+//         then FMA with the fp32 activation values. Experts with more tokens than one group decode
+//         their rows once into a per-thread buffer.
+//   I8  : T::i8_dot steps of T::kI8Step codes (vpdpbusd on AVX-512, vpmaddwd on AVX2), exact
+//         int32, minus T::kI8Offset·Σcodes.
+// What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
+// hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
+// the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), and flags
+// for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files, as
+// is its W4A4 kernel (gemm_w4a4).
+// No library inline code here: only intrinsics (through T) and this header's own functions, all
+// with internal linkage, so nothing compiled for one target can be picked by the linker for
+// another.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernel_iface.h"
+
+namespace qmoe::cpu {
+namespace {
+
+constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see prefetch_seq)
+
+// Row-major kernels read kNR rows interleaved, each a short stream, which the hardware
+// prefetchers follow poorly (measured on Zen 4: ~10 GB/s against ~17 GB/s sequential, one core).
+// So they prefetch a later row block in address order: step s of row i fetches the bytes
+// (s·nr + i)·bytes_per_step of the block at distance ≥ kPrefetchBytes, which sweeps that block
+// sequentially while the current one is consumed (measured back to ~16 GB/s).
+inline int64_t prefetch_distance(int64_t block_bytes) {
+  return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
+}
+inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int nr, int bytes_per_step) {
+  const uint8_t* p = block + dist + (static_cast<int64_t>(step) * nr + i) * bytes_per_step;
+  for (int off = 0; off < bytes_per_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
+template <int NR>
+struct RowSet {
+  const uint8_t* row[NR];
+  const uint8_t* scales[NR];
+};
+
+template <int NR>
+RowSet<NR> row_set(const WeightView& w, const int* rows, int scale_cols) {
+  RowSet<NR> r;
+  for (int i = 0; i < NR; ++i) {
+    r.row[i] = w.data + static_cast<int64_t>(rows[i]) * w.row_bytes;
+    r.scales[i] = w.scales ? w.scales + static_cast<int64_t>(rows[i]) * scale_cols : nullptr;
+  }
+  return r;
+}
+
+// Software prefetch of a later row block in address order (prefetch_seq).
+template <int NR>
+struct Prefetch {
+  const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
+  int64_t dist = 0;               // bytes ahead
+  int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
+  template <int kStep>
+  void at(int i, int k) const {
+    if (base == nullptr) return;
+    prefetch_seq(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+  }
+};
+template <int NR>
+Prefetch<NR> prefetch_of(const WeightView& w, int n0) {
+  Prefetch<NR> p;
+  p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+  p.dist = prefetch_distance(NR * w.row_bytes);
+  switch (w.fmt) {
+    case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
+    case WeightFormat::Mxfp4:
+    case WeightFormat::Nvfp4: p.q4 = 2; break;
+    case WeightFormat::Mxfp6E2M3:
+    case WeightFormat::Mxfp6E3M2: p.q4 = 3; break;
+    default: break;
+  }
+  return p;
+}
+
+// Decoders may produce weights × 2^−s (kPostScale = 2^s restores them in the epilogue).
+template <class D>
+constexpr double post_scale_of() {
+  if constexpr (requires { D::kPostScale; }) return D::kPostScale;
+  return 1.0;
+}
+
+// Output of one (row block, token group): y = fl32(dot · rs · ws + bias) in double (separate mul /
+// add roundings), then × router weight.
+template <class Dot, int C>
+inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Dot (*dot)[C], double post_scale = 1.0) {
+  const WeightView& w = *a.w;
+  double ws[C], bias[C];
+  for (int i = 0; i < nr; ++i) {
+    const int n = n0 + i;
+    ws[i] = (w.channel_scale ? static_cast<double>(w.channel_scale[n]) : static_cast<double>(w.tensor_scale)) * post_scale;
+    bias[i] = w.bias ? static_cast<double>(bias_value(w, n)) : 0.0;
+  }
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * a.layout->stride;
+    float rs;
+    std::memcpy(&rs, row, 4);
+    float* out = a.out + static_cast<int64_t>(j0 + t) * a.ldo + n0;
+    const float pm = a.post_mul ? a.post_mul[j0 + t] : 1.0f;
+    for (int i = 0; i < nr; ++i) {
+      const double p = static_cast<double>(dot[t][i]) * static_cast<double>(rs);
+      float y = static_cast<float>(p * ws[i] + bias[i]);
+      if (a.post_mul) y *= pm;
+      out[i] = y;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// F32 decoders: load(i, k, w) gives the kStep weights [k, k + kStep) of row slot i in activation
+// value order (zeros beyond K) as kStep / T::kLanes vectors.
+template <class T>
+struct DecF32 {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const { T::dec_f32(reinterpret_cast<const float*>(rs.row[i]) + k, K - k, w); }
+};
+
+template <class T, bool kBf16>
+struct DecHalf {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const { T::template dec_half<kBf16>(rs.row[i] + 2 * k, K - k, w); }
+};
+
+// FP8 (the value × 2^−8) or INT8.
+template <class T, bool kFp8>
+struct DecByte {
+  RowSet<T::kNR> rs;
+  int K;
+  static constexpr int kStep = 32;
+  static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
+  void load(int i, int k, typename T::F* w) const {
+    if (kFp8) T::dec_fp8(rs.row[i] + k, K - k, w);
+    else T::dec_i8(rs.row[i] + k, K - k, w);
+  }
+};
+
+// MXFP4 (one factor per 32-group) / NVFP4 (bytes 0..7 and 8..15 of a group are two 16-blocks):
+// 64 weights per step in act order [even g | even g+1 | odd g | odd g+1] (ActLayout).
+template <class T, bool kMx>
+struct DecFp4 {
+  RowSet<T::kNR> rs;
+  int K;
+  const float* table;  // E8M0 or F8_E4M3 values
+  float ws2;
+  typename T::F base;  // T::fp4_base()
+  static constexpr int kStep = 64;
+  float factor(const uint8_t* sc, int b, int nblocks) const {
+    if (b >= nblocks) return 0.0f;
+    return kMx ? table[sc[b]] : table[sc[b]] * ws2;
+  }
+  void load(int i, int k, typename T::F* w) const {
+    const int g = k >> 5;  // first group of the chunk
+    const uint8_t* sc = rs.scales[i];
+    float f[4];
+    if (kMx) {
+      f[0] = factor(sc, g, K >> 5);
+      f[1] = factor(sc, g + 1, K >> 5);
+    } else {
+      for (int j = 0; j < 4; ++j) f[j] = factor(sc, 2 * g + j, K >> 4);
+    }
+    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), (K - k) >> 1, f, base, w);
+  }
+};
+
+template <class T, bool kE2M3>
+struct DecFp6 {
+  RowSet<T::kNR> rs;
+  int K;
+  const float* e8;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const {
+    T::template dec_fp6<kE2M3>(rs.row[i] + (k >> 2) * 3, e8[rs.scales[i][k >> 5]], w);
+  }
+};
+
+// Decoded rows in a per-thread fp32 buffer (used when an expert has more tokens than one group).
+template <class T>
+struct DecBuf {
+  const float* buf;
+  int ld;
+  static constexpr int kStep = 32;
+  void load(int i, int k, typename T::F* w) const {
+    for (int v = 0; v < kStep / T::kLanes; ++v) w[v] = T::loadu(buf + static_cast<int64_t>(i) * ld + k + T::kLanes * v);
+  }
+};
+
+template <class T, class D, int NT>
+void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* act, int kend, float (*res)[T::kNR]) {
+  constexpr int kNR = T::kNR;
+  constexpr int V = D::kStep / T::kLanes;
+  typename T::F acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
+  for (int k = 0; k < kend; k += D::kStep) {
+#pragma GCC unroll 4
+    for (int i = 0; i < kNR; ++i) {
+      typename T::F w[V];
+      pf.template at<D::kStep>(i, k);
+      dec.load(i, k, w);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[t][i] = T::fmadd(w[v], T::loadu(act[t] + k + T::kLanes * v), acc[t][i]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t]);
+}
+
+template <class T, class D>
+void f32_group(const D& dec, const Prefetch<T::kNR>& pf, const float* const* act, int nt, int kend, float (*res)[T::kNR]) {
+  switch (nt) {
+    case 1: f32_kernel<T, D, 1>(dec, pf, act, kend, res); break;
+    case 2: f32_kernel<T, D, 2>(dec, pf, act, kend, res); break;
+    case 3: f32_kernel<T, D, 3>(dec, pf, act, kend, res); break;
+    default: f32_kernel<T, D, 4>(dec, pf, act, kend, res); break;
+  }
+}
+
+template <class T, class D, class Make>
+void run_f32(const GemmArgs& a, Make make_dec) {
+  constexpr int kNR = T::kNR, kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const int K = a.w->cols;
+  const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    int rows[kNR];
+    for (int i = 0; i < kNR; ++i) rows[i] = n0 + (i < nr ? i : nr - 1);
+    const D dec = make_dec(rows);
+    float dot[kNT][kNR];
+    if (a.ntok <= kNT) {
+      const float* act[kNT];
+      for (int t = 0; t < a.ntok; ++t)
+        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
+      f32_group<T>(dec, prefetch_of<kNR>(*a.w, n0), act, a.ntok, kend, dot);
+      epilogue(a, n0, nr, 0, a.ntok, dot, post_scale_of<D>());
+      continue;
+    }
+    // Many tokens: decode the kNR rows once into an L1/L2-resident buffer.
+    float* buf = static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kend)));
+    const Prefetch<kNR> pf = prefetch_of<kNR>(*a.w, n0);
+    for (int i = 0; i < kNR; ++i)
+      for (int k = 0; k < kend; k += D::kStep) {
+        pf.template at<D::kStep>(i, k);
+        typename T::F w[D::kStep / T::kLanes];
+        dec.load(i, k, w);
+        for (int v = 0; v < D::kStep / T::kLanes; ++v) T::storeu(buf + static_cast<int64_t>(i) * kend + k + T::kLanes * v, w[v]);
+      }
+    const DecBuf<T> bdec{buf, kend};
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      const float* act[kNT];
+      for (int t = 0; t < nt; ++t)
+        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride + l.vals_off);
+      f32_group<T>(bdec, Prefetch<kNR>{}, act, nt, kend, dot);
+      epilogue(a, n0, nr, j0, nt, dot, post_scale_of<D>());
+    }
+  }
+}
+
+// Target-only kernels, defined (specialized) by the target's own translation units: the W4A4
+// kinds where a target adds to the row-major kernel (AVX-512: 16-row tiles), MXFP4 weights on the F32 kind where T::kMxfp4F32Kernel, the Bf16 kind
+// where T::kBf16Dot; never instantiated for the others.
+template <class T, bool kMx>
+void gemm_w4a4(const GemmArgs& a);  // generic: gemm_w4a4_rows below
+template <class T>
+void gemm_mxfp4_f32(const GemmArgs& a);
+template <class T>
+void gemm_bf16(const GemmArgs& a);
+
+template <class T>
+void gemm_f32(const GemmArgs& a) {
+  constexpr int kNR = T::kNR;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  switch (w.fmt) {
+    case WeightFormat::BF16:
+      if (w.dtype == DType::BF16)
+        run_f32<T, DecHalf<T, true>>(a, [&](const int* r) { return DecHalf<T, true>{row_set<kNR>(w, r, 0), K}; });
+      else if (w.dtype == DType::F16)
+        run_f32<T, DecHalf<T, false>>(a, [&](const int* r) { return DecHalf<T, false>{row_set<kNR>(w, r, 0), K}; });
+      else
+        run_f32<T, DecF32<T>>(a, [&](const int* r) { return DecF32<T>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Fp8E4M3:
+      run_f32<T, DecByte<T, true>>(a, [&](const int* r) { return DecByte<T, true>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Int8:
+      run_f32<T, DecByte<T, false>>(a, [&](const int* r) { return DecByte<T, false>{row_set<kNR>(w, r, 0), K}; });
+      break;
+    case WeightFormat::Mxfp4:
+      if constexpr (T::kMxfp4F32Kernel) {
+        gemm_mxfp4_f32<T>(a);
+      } else {
+        const typename T::F base = T::fp4_base();
+        const float* e8 = e8m0_table();
+        run_f32<T, DecFp4<T, true>>(a, [&](const int* r) { return DecFp4<T, true>{row_set<kNR>(w, r, K / 32), K, e8, 1.0f, base}; });
+      }
+      break;
+    case WeightFormat::Nvfp4: {
+      const typename T::F base = T::fp4_base();
+      const float* f8 = fp8_e4m3_table();
+      run_f32<T, DecFp4<T, false>>(a, [&](const int* r) { return DecFp4<T, false>{row_set<kNR>(w, r, K / 16), K, f8, w.nv_global, base}; });
+      break;
+    }
+    case WeightFormat::Mxfp6E2M3: {
+      const float* e8 = e8m0_table();
+      run_f32<T, DecFp6<T, true>>(a, [&](const int* r) { return DecFp6<T, true>{row_set<kNR>(w, r, K / 32), K, e8}; });
+      break;
+    }
+    case WeightFormat::Mxfp6E3M2: {
+      const float* e8 = e8m0_table();
+      run_f32<T, DecFp6<T, false>>(a, [&](const int* r) { return DecFp6<T, false>{row_set<kNR>(w, r, K / 32), K, e8}; });
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I8: int8 codes × int8 weights, exact int32 sums.
+template <class T, int NT>
+void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* act, int K, int32_t (*res)[T::kNR]) {
+  constexpr int kNR = T::kNR;
+  const int64_t dist = prefetch_distance(kNR * stride);
+  typename T::I acc[NT][kNR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = T::izero();
+  for (int k = 0; k < K; k += T::kI8Step) {
+    typename T::I av[NT];
+    for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
+    for (int i = 0; i < kNR; ++i) {
+      if ((k & 63) == 0) prefetch_seq(w[0], dist, k >> 6, i, kNR, 64);
+      const typename T::I wv = T::i8_weights(w[i] + k, K - k);
+      for (int t = 0; t < NT; ++t) acc[t][i] = T::i8_dot(acc[t][i], wv, av[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) T::hsum_rows_i32(acc[t], res[t]);
+}
+
+template <class T>
+void gemm_i8(const GemmArgs& a) {
+  constexpr int kNR = T::kNR, kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    const uint8_t* wr[kNR];
+    for (int i = 0; i < kNR; ++i) wr[i] = w.data + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * w.row_bytes;
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      const uint8_t* act[kNT];
+      int32_t sums[kNT];
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+        act[t] = row + l.vals_off;
+        std::memcpy(&sums[t], row + 4, 4);
+      }
+      int32_t ires[kNT][kNR];
+      switch (nt) {
+        case 1: i8_kernel<T, 1>(wr, w.row_bytes, act, K, ires); break;
+        case 2: i8_kernel<T, 2>(wr, w.row_bytes, act, K, ires); break;
+        case 3: i8_kernel<T, 3>(wr, w.row_bytes, act, K, ires); break;
+        default: i8_kernel<T, 4>(wr, w.row_bytes, act, K, ires); break;
+      }
+      double dot[kNT][kNR];
+      for (int t = 0; t < nt; ++t)
+        for (int i = 0; i < kNR; ++i) dot[t][i] = static_cast<double>(ires[t][i] - T::kI8Offset * sums[t]);
+      epilogue(a, n0, nr, j0, nt, dot);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W4A4 (Fp4Mx / Fp4Nv), row-major: exact int8 dot products of 2·e2m1 values. Weights decode to
+// u8 (2·e2m1 + 12) (T::w4_weights), activations are the layout's int8 2·e2m1 values (signed);
+// T::w4_dot forms per lane the exact int32 sum of one block's products plus the layout's
+// correction words (−12 · Σ of the values, ActLayout::corr_off), which remove the offset. Each
+// lane is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight block
+// factor, T::w4_lane_scales / w4_weight_scales of T::w4_row_factors) and added to an fp32 accumulator (MX: powers of two, exact
+// products). Rows come in blocks of 4, T::kW4Rows<NT> at a time.
+struct Fp4Act {
+  const int8_t* v;      // values, stored order
+  const float* scale;   // per block (≥ 16 zero floats after the last)
+  const int32_t* corr;  // per 4 stored values: −12 · their sum (ActLayout::corr_off)
+};
+constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
+
+// One 64-chunk of NR rows (from r0) × NT tokens (kFull: all 64 elements inside K, else zero padded).
+template <class T, bool kMx, int NT, int NR, bool kFull>
+__attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf,
+                                                   int r0, const Fp4Act* act, int k, int K, typename T::F (&acc)[NT][NR]) {
+  using F = typename T::F;
+  const int b = kMx ? k >> 5 : k >> 4;  // first block of the chunk
+  const int nb = kMx ? K >> 5 : K >> 4;
+  if constexpr (NT == 1) {
+    // The token's chunk first, then each row decoded and used at once (few live registers).
+    const typename T::W4A av = T::w4_act(act[0].v + k);
+    const F as = T::template w4_lane_scales<kMx>(act[0].scale + b);
+    const typename T::I cv = T::w4_corr(act[0].corr + (k >> 2));
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+      acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
+    }
+  } else {
+    typename T::W4 w[NR];
+    F ws[NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      w[i] = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      ws[i] = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const typename T::W4A av = T::w4_act(act[t].v + k);
+      const F as = T::template w4_lane_scales<kMx>(act[t].scale + b);
+      const typename T::I cv = T::w4_corr(act[t].corr + (k >> 2));
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) acc[t][i] = T::fmadd(T::cvt_i32(T::w4_dot(w[i], av, cv)), T::mul(as, ws[i]), acc[t][i]);
+    }
+  }
+}
+
+// Rows r0 .. r0 + NR of a block; res[t][r0 + i].
+template <class T, bool kMx, int NT, int NR>
+void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, const uint8_t* pf_base,
+               int64_t pf_dist, float (*res)[kW4Block]) {
+  typename T::F acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < NR; ++i) acc[t][i] = T::zero();
+  const int kfull = K & ~63;
+  int k = 0;
+  if (!T::kW4SeqPrefetch && pf_dist != 0) {
+    for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
+      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k + 64, K, acc);
+    }
+  }
+  for (; k < kfull; k += 64) {
+    if constexpr (T::kW4SeqPrefetch)  // the block's rows in address order (prefetch_seq)
+      for (int i = 0; i < NR; ++i) prefetch_seq(pf_base, pf_dist, k >> 6, i, NR, 32);
+    w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
+  }
+  if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, acc);
+  for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t] + r0);
+}
+
+template <class T, bool kMx, int NT>
+void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, const uint8_t* pf_base,
+              int64_t pf_dist, float (*res)[kW4Block]) {
+  constexpr int NR = T::template kW4Rows<NT>;
+  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_base, pf_dist, res);
+}
+
+// Output rows [row0, a.row1) for every token, through the row-major kernel.
+template <class T, bool kMx>
+void gemm_w4a4_rows(const GemmArgs& a, int row0) {
+  constexpr int kNT = T::kNT;
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const int nb = K / (kMx ? 32 : 16);
+  const int ld = (nb + 16 + 15) / 16 * 16;
+  float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kW4Block * static_cast<size_t>(ld)));
+  const int64_t pf_dist = prefetch_distance(kW4Block * w.row_bytes);
+  for (int n0 = row0; n0 < a.row1; n0 += kW4Block) {
+    const int nr = a.row1 - n0 < kW4Block ? a.row1 - n0 : kW4Block;
+    const uint8_t* rows[kW4Block];
+    typename T::template W4Factors<kMx> wf[kW4Block];
+    for (int i = 0; i < kW4Block; ++i) {  // rows past nr repeat the last one
+      const int n = n0 + (i < nr ? i : nr - 1);
+      rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
+      wf[i] = i < nr ? T::template w4_row_factors<kMx>(w.scales + static_cast<int64_t>(n) * nb, nb, w.nv_global, factors + i * ld)
+                     : wf[nr - 1];
+    }
+    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+      Fp4Act act[kNT];
+      for (int t = 0; t < nt; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
+        act[t] = {reinterpret_cast<const int8_t*>(row + l.vals_off), reinterpret_cast<const float*>(row + l.scales_off),
+                  reinterpret_cast<const int32_t*>(row + l.corr_off)};
+      }
+      float res[kNT][kW4Block];
+      const int64_t pf = T::kW4SeqPrefetch || j0 == 0 ? pf_dist : 0;
+      switch (nt) {
+        case 1: w4_block<T, kMx, 1>(rows, wf, act, K, rows[0], pf, res); break;
+        case 2: w4_block<T, kMx, 2>(rows, wf, act, K, rows[0], pf, res); break;
+        case 3: w4_block<T, kMx, 3>(rows, wf, act, K, rows[0], pf, res); break;
+        default: w4_block<T, kMx, 4>(rows, wf, act, K, rows[0], pf, res); break;
+      }
+      epilogue(a, n0, nr, j0, nt, res);
+    }
+  }
+}
+
+template <class T, bool kMx>
+void gemm_w4a4(const GemmArgs& a) {
+  gemm_w4a4_rows<T, kMx>(a, a.row0);
+}
+
+// A target's GEMM entry point (KernelTable::gemm).
+template <class T>
+void gemm(const GemmArgs& a) {
+  switch (a.layout->kind) {
+    case DotKind::F32: gemm_f32<T>(a); break;
+    case DotKind::I8: gemm_i8<T>(a); break;
+    case DotKind::Fp4Mx: gemm_w4a4<T, true>(a); break;
+    case DotKind::Fp4Nv: gemm_w4a4<T, false>(a); break;
+    case DotKind::Bf16:
+      if constexpr (T::kBf16Dot) gemm_bf16<T>(a);
+      else scalar_kernels().gemm(a);  // not selected on this target (dot_kind_for)
+      break;
+  }
+}
+
+}  // namespace
+}  // namespace qmoe::cpu
