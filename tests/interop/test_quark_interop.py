@@ -6,7 +6,8 @@ compared with the torch reference of the spec (reference.py) at the conformance 
 tolerance. Skips cleanly without torch, transformers or amd-quark; `make interop` installs them.
 
 Environment: QMOE_INTEROP_ARCHS / QMOE_INTEROP_SCHEMES (comma lists) restrict the matrix;
-QMOE_INTEROP_OUT keeps the exports there (default: pytest's tmp dir); QMOE_INTEROP_REPORT names a
+QMOE_INTEROP_OUT keeps the exports there and reuses them on the next run (delete it after changing
+Quark or the model; default: pytest's tmp dir); QMOE_INTEROP_REPORT names a
 JSON file that gets the measured rel-L2 of every case.
 """
 
