@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CUDA_BUILD ?= build-cuda
 
-.PHONY: all setup configure build demo test gpu-check bench install clean
+.PHONY: all setup configure build demo test gpu-check bench install clean interop
 
 all: build
 
@@ -22,6 +22,10 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# qmoe against real AMD Quark exports (tests/interop; a venv with torch, transformers, amd-quark).
+interop: setup
+	bash scripts/interop.sh
 
 # For the H200 machine: build with CUDA, run every CUDA test and the GPU benchmarks, print a table.
 gpu-check:

@@ -2,6 +2,7 @@
 // scheme resolution (spec quark-moe.md §2–5, §12, §16.3; checkpoint-format.md §2).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -120,6 +121,13 @@ struct ModelConfig {
   // Names of the three projections for this naming: {gate, up, down} ("w1","w3","w2" for
   // Mixtral; gpt-oss has {"gate_up_proj", "", "down_proj"}).
   std::vector<std::string> projection_names() const;
+
+  // Mixtral checkpoints come in two spellings: transformers 4 modules
+  // (`block_sparse_moe.experts.E.{w1,w3,w2}`, `block_sparse_moe.gate`) and, from transformers 5
+  // (whose Mixtral fuses the experts; Quark 0.13 unfuses them into Linears), `mlp.experts.E.
+  // {gate_proj,up_proj,down_proj}` and `mlp.gate`. Call this once the checkpoint is open: when the
+  // first MoE layer's expert 0 exists only in the second spelling, naming becomes GateUpDown.
+  void adapt_naming_to_checkpoint(const std::function<bool(const std::string&)>& has_tensor);
 
   // Parse config.json text. Errors name the field and what was expected.
   static ModelConfig parse(std::string_view json_text, std::string_view where);

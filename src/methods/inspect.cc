@@ -113,8 +113,9 @@ Json experts_json(const ExpertParams& p, const LayerScheme& ls) {
 }
 
 Json inspect_report(const std::string& dir, const std::vector<int>& only_layers) {
-  const ModelConfig cfg = ModelConfig::load(dir);
+  ModelConfig cfg = ModelConfig::load(dir);
   const Checkpoint ckpt = Checkpoint::open(dir);
+  cfg.adapt_naming_to_checkpoint([&](const std::string& n) { return ckpt.has(n); });
   Json arch{{"model_type", cfg.model_type},
             {"hidden_size", cfg.hidden_size},
             {"moe_intermediate_size", cfg.moe_intermediate_size},

@@ -42,6 +42,7 @@ MoELayer MoELayer::from_checkpoint(const std::string& dir, int layer, const MoEL
     throw Error(
         fmt::format("layer {} of {} has no MoE block (MoE layers: {})", layer, dir, fmt::join(cfg.moe_layers, ", ")));
   const Checkpoint ckpt = Checkpoint::open(dir);
+  cfg.adapt_naming_to_checkpoint([&](const std::string& n) { return ckpt.has(n); });
   const LayerScheme scheme = resolve_moe_scheme(cfg, layer);
   ExpertParams experts = load_expert_params(ckpt, cfg, scheme, layer, opt.load);
   if (opt.before_process) opt.before_process(experts);

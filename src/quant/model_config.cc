@@ -114,7 +114,19 @@ void parse_mixtral(ModelConfig& c, const Fields& f) {
 
 void parse_qwen_moe(ModelConfig& c, const Fields& f, bool qwen2) {
   c.moe_intermediate_size = f.req_int("moe_intermediate_size");
-  c.num_experts = f.req_int("num_experts");
+  // transformers >= 5 saves Qwen2/3-MoE configs with `num_local_experts` (its attribute_map aliases
+  // `num_experts` to it); earlier versions and vLLM's docs spell it `num_experts`. Both are read;
+  // when both are present they must agree.
+  if (f.has("num_experts")) {
+    c.num_experts = f.req_int("num_experts");
+    if (f.has("num_local_experts") && f.req_int("num_local_experts") != c.num_experts)
+      f.fail("num_local_experts", fmt::format("= {} disagrees with num_experts = {}", f.req_int("num_local_experts"),
+                                              c.num_experts));
+  } else if (f.has("num_local_experts")) {
+    c.num_experts = f.req_int("num_local_experts");
+  } else {
+    f.missing("num_experts");
+  }
   c.top_k = f.req_int("num_experts_per_tok");
   c.routing.renormalize = f.opt_bool("norm_topk_prob", !qwen2);
   c.naming = ExpertNaming::GateUpDown;
@@ -273,6 +285,7 @@ ModelConfig ModelConfig::parse(std::string_view json_text, std::string_view wher
   f.require_at_most(i_field, c.moe_intermediate_size, kMaxIntermediate, "elements");
   const std::string_view e_field = c.model_type == "mixtral" || c.model_type == "gpt_oss" ? "num_local_experts"
                                    : c.model_type.starts_with("deepseek")                ? "n_routed_experts"
+                                   : !f.has("num_experts") && f.has("num_local_experts") ? "num_local_experts"
                                                                                          : "num_experts";
   f.require_positive(e_field, c.num_experts);
   f.require_at_most(e_field, c.num_experts, kMaxExperts, "experts");
@@ -312,6 +325,13 @@ ModelConfig ModelConfig::load(const std::string& dir) {
   ModelConfig c = parse(text, path);
   c.dir = dir;
   return c;
+}
+
+void ModelConfig::adapt_naming_to_checkpoint(const std::function<bool(const std::string&)>& has_tensor) {
+  if (naming != ExpertNaming::Mixtral || moe_layers.empty()) return;
+  const int l = moe_layers.front();
+  if (has_tensor(experts_prefix(l) + ".0.w1.weight")) return;
+  if (has_tensor(layer_prefix(l) + ".mlp.experts.0.gate_proj.weight")) naming = ExpertNaming::GateUpDown;
 }
 
 std::string ModelConfig::moe_prefix(int layer) const {

@@ -1,4 +1,6 @@
 // ModelConfig::parse / load: per-architecture fields, MoE layer selection, module names, errors.
+#include <set>
+
 #include "quant_test_util.h"
 
 namespace qmoe::test {
@@ -62,6 +64,30 @@ TEST(ModelConfig, Mixtral) {
   EXPECT_FALSE(c.quant.has_value());
   EXPECT_FALSE(c.expert_bias);
   EXPECT_FALSE(c.swiglu_limit.has_value());
+}
+
+// transformers >= 5 + Quark 0.13 export Mixtral experts as mlp.experts.E.{gate,up,down}_proj and
+// the router as mlp.gate (found by tests/interop); the naming follows the checkpoint.
+TEST(ModelConfig, MixtralNamingFollowsTheCheckpoint) {
+  const std::set<std::string> v5 = {"model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.gate.weight"};
+  const std::set<std::string> v4 = {"model.layers.0.block_sparse_moe.experts.0.w1.weight",
+                                    "model.layers.0.mlp.experts.0.gate_proj.weight"};
+  for (const auto& [names, gate_up_down] : {std::pair{v5, true}, std::pair{v4, false}, std::pair{std::set<std::string>{}, false}}) {
+    ModelConfig c = model_from(mixtral());
+    c.adapt_naming_to_checkpoint([&](const std::string& n) { return names.count(n) > 0; });
+    if (gate_up_down) {
+      EXPECT_EQ(c.naming, ExpertNaming::GateUpDown);
+      EXPECT_EQ(c.experts_prefix(1), "model.layers.1.mlp.experts");
+      EXPECT_EQ(c.router_weight_name(0), "model.layers.0.mlp.gate.weight");
+      EXPECT_EQ(c.projection_names(), (std::vector<std::string>{"gate_proj", "up_proj", "down_proj"}));
+    } else {
+      EXPECT_EQ(c.naming, ExpertNaming::Mixtral);  // transformers 4 names win; none found: unchanged
+      EXPECT_EQ(c.experts_prefix(1), "model.layers.1.block_sparse_moe.experts");
+    }
+  }
+  ModelConfig q = model_from(qwen3_json());  // other architectures are never changed
+  q.adapt_naming_to_checkpoint([](const std::string&) { return false; });
+  EXPECT_EQ(q.naming, ExpertNaming::GateUpDown);
 }
 
 TEST(ModelConfig, Qwen2MoeSharedExpertAndSparseStep) {
@@ -217,6 +243,24 @@ TEST(ModelConfig, HiddenAct) {
   EXPECT_EQ(to_string(Activation::Gelu), "gelu");
   EXPECT_EQ(to_string(Activation::GeluTanh), "gelu_tanh");
   EXPECT_EQ(to_string(Activation::SwigluOai), "swigluoai");
+}
+
+// transformers >= 5 writes Qwen2/3-MoE configs with `num_local_experts` instead of `num_experts`
+// (found by tests/interop on a real Quark 0.13 export); both spellings load, and must agree.
+TEST(ModelConfig, QwenMoeNumLocalExpertsSpelling) {
+  for (Json j : {qwen3_json(), qwen2()}) {
+    j.erase("num_experts");
+    j["num_local_experts"] = 8;
+    EXPECT_EQ(model_from(j).num_experts, 8);
+    j["num_experts"] = 8;
+    EXPECT_EQ(model_from(j).num_experts, 8);
+    j["num_experts"] = 4;
+    const std::string msg = error_of([&] { model_from(j); });
+    EXPECT_TRUE(contains_ci(msg, "num_local_experts") && contains_ci(msg, "disagrees")) << msg;
+    j.erase("num_experts");
+    j["num_local_experts"] = 0;
+    EXPECT_TRUE(contains_ci(error_of([&] { model_from(j); }), "'num_local_experts'"));
+  }
 }
 
 TEST(ModelConfig, MissingRequiredFieldsNameFieldAndFile) {

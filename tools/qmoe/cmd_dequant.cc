@@ -41,8 +41,9 @@ void run_dequant(const DequantOptions& o) {
     throw Error(fmt::format("--tp-rank {} is outside [0, {}): tp_rank must be < tp_size (--tp-size {})", o.tp_rank,
                             o.tp_size, o.tp_size));
   util::check_output_file(o.out, "-o/--output");
-  const ModelConfig cfg = ModelConfig::load(o.dir);
+  ModelConfig cfg = ModelConfig::load(o.dir);
   const Checkpoint ckpt = Checkpoint::open(o.dir);
+  cfg.adapt_naming_to_checkpoint([&](const std::string& n) { return ckpt.has(n); });
   LoadOptions opt;
   opt.tp_rank = o.tp_rank;
   opt.tp_size = o.tp_size;
