@@ -40,14 +40,23 @@ int device_count();
 // "NVIDIA H200 (sm_90, 132 SMs, 143771 MiB)" or "" when there is no device.
 std::string device_description(int device = 0);
 
+// The token tiles a GEMM launch takes (CudaOptions::token_tile, `qmoe bench --token-tile`).
+inline constexpr int kTokenTiles[] = {8, 16, 32, 64, 128};
+constexpr bool is_token_tile(int t) {
+  for (int v : kTokenTiles)
+    if (t == v) return true;
+  return false;
+}
+
 struct CudaOptions {
   // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once
   // (vLLM's precision, rel-L2 ~1e-3) instead of the exact bf16 hi + lo split (2 MMAs).
   bool bf16_activations = false;
-  int token_tile = 0;  // tokens per GEMM tile: 8, 16, 32, 64 or 128; 0 = chosen from tokens per expert
+  int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
-  // 128-token tiles on Hopper's warpgroup MMA (sm_90a builds on a compute-capability 9.0 device;
-  // QMOE_CUDA_WGMMA=0 turns it off process-wide); false: the mma.sync kernel for every tile.
+  // Tiles of 32 tokens and up on Hopper's warpgroup MMA where the tile table picks it (sm_90a
+  // builds on a compute-capability 9.0 device; QMOE_CUDA_WGMMA=0 turns it off process-wide);
+  // false: the mma.sync kernel for every tile.
   bool wgmma = true;
   int device = 0;
 };

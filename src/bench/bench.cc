@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "qmoe/cuda.h"
 #include "qmoe/error.h"
 #include "util/files.h"
 
@@ -64,6 +65,15 @@ std::vector<int> parse_tokens(const std::string& s) {
   return out;
 }
 
+namespace {
+// "tileN" for a token tile N of cuda::kTokenTiles → N, else 0.
+int tile_suffix(const std::string& suf) {
+  for (int t : cuda::kTokenTiles)
+    if (suf == "tile" + std::to_string(t)) return t;
+  return 0;
+}
+}  // namespace
+
 SchemeEntry parse_scheme_entry(const std::string& entry) {
   SchemeEntry e;
   const size_t plus = entry.find('+');
@@ -76,9 +86,7 @@ SchemeEntry parse_scheme_entry(const std::string& entry) {
     else if (suf == "xbf16") e.x_bf16 = true;
     else if (suf == "route") e.route = true;
     else if (suf == "nowg") e.no_wgmma = true;
-    else if (suf.rfind("tile", 0) == 0 && (suf == "tile8" || suf == "tile16" || suf == "tile32" || suf == "tile64" ||
-                                             suf == "tile128"))
-      e.token_tile = std::stoi(suf.substr(4));
+    else if (const int t = tile_suffix(suf)) e.token_tile = t;
     else
       throw Error(fmt::format("--scheme '{}': unknown suffix '+{}' (known: +bf16act, +xbf16, +route, +nowg, "
                               "+tile8|16|32|64|128)",
@@ -106,7 +114,7 @@ Plan resolve(const Options& o) {
   if (o.max_weight_gb < 0) throw Error("--max-weight-gb must be > 0 (or 0: the device's default)");
   if (o.peak_tflops < 0) throw Error("--peak-tflops must be >= 0");
   if (o.copies < 0) throw Error("--copies must be >= 0 (0: enough to defeat the L2)");
-  if (o.token_tile != 0 && o.token_tile != 8 && o.token_tile != 16 && o.token_tile != 32 && o.token_tile != 64 && o.token_tile != 128)
+  if (o.token_tile != 0 && !cuda::is_token_tile(o.token_tile))
     throw Error(fmt::format("--token-tile {}: expected 8, 16, 32, 64 or 128", o.token_tile));
   if (o.probe_gib < 4.0 && o.device == "cuda")
     throw Error("--probe-gib: the CUDA read-bandwidth probe streams at least 4 GiB");

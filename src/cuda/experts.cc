@@ -446,8 +446,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   int dev_sms = 0;
   QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, opt.device));
   m.num_sms = dev_sms > 0 ? dev_sms : 132;
-  if (opt.token_tile != 0 && opt.token_tile != 8 && opt.token_tile != 16 && opt.token_tile != 32 && opt.token_tile != 64 &&
-      opt.token_tile != 128)
+  if (opt.token_tile != 0 && !is_token_tile(opt.token_tile))
     throw Error("CUDA experts: token_tile must be 0, 8, 16, 32, 64 or 128, got " + std::to_string(opt.token_tile));
   if (opt.ksplit < 0 || opt.ksplit > kMaxSplit)
     throw Error("CUDA experts: ksplit must be in [0, " + std::to_string(kMaxSplit) + "], got " + std::to_string(opt.ksplit));

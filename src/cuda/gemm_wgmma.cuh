@@ -1,5 +1,6 @@
-// The prefill GEMM on Hopper's warpgroup MMA (sm_90a): the same grouped GEMM as gemm_kernel
-// (GemmArgs, tile lists, partial outputs, epilogue) for 128-token tiles.
+// The grouped GEMM on Hopper's warpgroup MMA (sm_90a): the same GEMM as gemm_kernel (GemmArgs,
+// tile lists, partial outputs, epilogue) for 32-, 64- and 128-token tiles (BT, the wgmma N; the
+// text below says 128 for BT).
 //
 // A CTA is kWG consumer warpgroups (2, or 1 where a 2-warpgroup stage would not fit 3 times in
 // shared memory) over kWG consecutive 128-row weight tiles and one 128-token tile, so the
@@ -159,8 +160,8 @@ __device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc)
 }
 
 // ---- geometry --------------------------------------------------------------------------------------
-// BT tokens per CTA (wgmma N): 128 for prefill; 32 and 64 for the mid-range token counts, where the
-// mma.sync kernel's MMAs (issued beside the register decode) become the bottleneck.
+// BT tokens per CTA (wgmma N): 128 for prefill; 32 and 64 where the tile table picks them (BF16 /
+// INT8 from the first token, FP8 in the mid range: gemm_wgmma_host.h).
 template <WFmt WF, bool SPLIT, int BT_ = 128>
 struct WgCfg {
   using WT = WTraits<WF>;

@@ -18,15 +18,11 @@
 #include <cstring>
 
 #include "cpu/kernel_iface.h"
+#include "cpu/simd/common.h"
 
 namespace qmoe::cpu {
 namespace {
 
-inline float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 inline float hsum(__m256 v) {
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -82,16 +78,10 @@ inline __m256 fp6_eight(const uint8_t* p) {
                                        3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128);
   const __m256i wv = _mm256_shuffle_epi8(b, idx);
   const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
-  __m256i bits;
-  float mul;
-  if (kE2M3) {
-    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 6), _mm256_set1_epi32(static_cast<int>(0x81F00000u)));
-    mul = bits_to_float(0x7E800000u);  // 2^126
-  } else {
-    bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), 5), _mm256_set1_epi32(static_cast<int>(0x83E00000u)));
-    mul = bits_to_float(0x7D800000u);  // 2^124
-  }
-  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(mul));
+  using B = Fp6ToF32<kE2M3>;
+  const __m256i bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), B::kSra),
+                                        _mm256_set1_epi32(static_cast<int>(B::kMask)));
+  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(bits_to_float(B::kMulBits)));
 }
 
 // The ISA layer of the AVX2 target, as the generic kernels (simd/gemm.h) use it.

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cpu/kernel_iface.h"
+#include "cpu/simd/common.h"
 
 namespace qmoe::cpu {
 
@@ -32,11 +33,6 @@ inline __mmask16 mask16(int n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF)
 inline __mmask32 mask32(int n) { return n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0u : static_cast<__mmask32>((1u << n) - 1u); }
 inline __mmask64 mask64(int n) { return n >= 64 ? ~0ull : n <= 0 ? 0ull : ((1ull << n) - 1ull); }
 
-inline float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 inline float hsum(__m512 v) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -91,9 +87,8 @@ inline void fp4_group_decode(__m128i bytes, __m512 ta, __m512 tb, bool two_table
 }
 
 // MXFP6 (natural order): 16 elements = 12 bytes; each 128-bit lane L takes bytes 3L..3L+2 of its
-// 4-element group into every dword, shifts by 6·j and masks 6 bits. Code → fp32 bits:
-// (c << 26) >>arith (6 − (mbits−2)) puts the sign at 31 and exponent|mantissa right below the
-// fp32 exponent field's alignment, × 2^(127 − bias) (exact, subnormals included).
+// 4-element group into every dword, shifts by 6·j and masks 6 bits; code → fp32 as Fp6ToF32
+// (simd/common.h) says.
 template <bool kE2M3>
 inline __m512 fp6_half16(const uint8_t* p) {
   const __m128i b = _mm_maskz_loadu_epi8(0x0FFF, p);
@@ -106,16 +101,10 @@ inline __m512 fp6_half16(const uint8_t* p) {
   const __m512i w = _mm512_shuffle_epi8(v, idx);
   const __m512i sh = _mm512_set_epi32(18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0);
   const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32(0x3F));
-  __m512i bits;
-  float mul;
-  if (kE2M3) {
-    bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), 6), _mm512_set1_epi32(static_cast<int>(0x81F00000u)));
-    mul = bits_to_float(0x7E800000u);  // 2^126
-  } else {
-    bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), 5), _mm512_set1_epi32(static_cast<int>(0x83E00000u)));
-    mul = bits_to_float(0x7D800000u);  // 2^124
-  }
-  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(mul));
+  using B = Fp6ToF32<kE2M3>;
+  const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), B::kSra),
+                                        _mm512_set1_epi32(static_cast<int>(B::kMask)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(bits_to_float(B::kMulBits)));
 }
 
 // The ISA layer of the AVX-512 target, as the generic kernels (simd/gemm.h) use it.
