@@ -71,6 +71,13 @@ if [ -z "${QMOE_NCCL_ROOT:-}" ]; then
   QMOE_NCCL_ROOT=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   export QMOE_NCCL_ROOT
 fi
+# The Python module too where nanobind and torch are installed (the device path of the binding:
+# tests/python/test_cuda.py), unless SKIP_PYTHON=1.
+PY_TARGET=()
+if [ "${SKIP_PYTHON:-0}" != 1 ] && python3 -c "import nanobind, torch, pytest" 2>/dev/null; then
+  CMAKE_EXTRA+=("-DQMOE_PYTHON=ON" "-DPython_EXECUTABLE=$(command -v python3)")
+  PY_TARGET=(_qmoe)
+fi
 # CMake < 3.26 does not know the c++20 flag for nvcc; naming it is harmless on newer versions.
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CUDA_ARCHS=90a \
   -DQMOE_BUILD_TESTS=ON -DQMOE_BUILD_BENCH=ON \
@@ -78,7 +85,7 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CU
   "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
 grep -E "qmoe: NCCL" "$LOGS/configure.log" || true
 t0=$(date +%s)
-cmake --build "$BUILD" --target test_cuda qmoe_cli bench_cuda -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
+cmake --build "$BUILD" --target test_cuda qmoe_cli bench_cuda "${PY_TARGET[@]}" -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
   grep -E "error|Error" "$LOGS/build.log" | head -40
   exit 1
 }
@@ -99,6 +106,23 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   TEST_SUMMARY="test_cuda: exit $rc, ${passed:-0} passed, ${failed:-0} failed (log: $LOGS/test_cuda.log)"
 fi
 
+# ---- Python on the GPU -----------------------------------------------------------------------------
+# The built module beside the package's .py files, then pytest tests/python (CPU and CUDA tests).
+PY_SUMMARY="python: skipped (SKIP_PYTHON=1, or no nanobind / torch / pytest)"
+if [ ${#PY_TARGET[@]} -gt 0 ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+  PYDIR=$BUILD/python-pkg
+  rm -rf "$PYDIR" && mkdir -p "$PYDIR/qmoe"
+  cp "$ROOT"/python/qmoe/*.py "$PYDIR/qmoe/" && cp "$BUILD"/python/_qmoe*.so "$PYDIR/qmoe/"
+  CASES_DIR=${QMOE_CONFORMANCE_DIR:-$ROOT/../shared/conformance/cases}
+  set +e
+  (cd "$ROOT" && PYTHONPATH=$PYDIR QMOE_CONFORMANCE_CASES=$CASES_DIR python3 -m pytest -q -p no:cacheprovider \
+    -o addopts="" tests/python ${PYTEST_ARGS:-}) >"$LOGS/pytest.log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOGS/pytest.log" | tail -30 || true
+  PY_SUMMARY="python: exit $rc, $(tail -1 "$LOGS/pytest.log") (log: $LOGS/pytest.log)"
+fi
+
 # ---- benchmarks -----------------------------------------------------------------------------------
 TABLE=""
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
@@ -115,4 +139,5 @@ fi
 
 echo
 echo "$TEST_SUMMARY"
+echo "$PY_SUMMARY"
 [ -n "$TABLE" ] && echo "$TABLE"

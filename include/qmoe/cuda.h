@@ -124,4 +124,67 @@ class CudaExperts {
 // experts_reference's signature on the GPU: uploads a.params, runs, adds into a.out.
 void experts_cuda(const ExpertsArgs& a, const CudaOptions& opt = {});
 
+// A whole MoE layer resident on one GPU: routing (from the engine's router logits, or from the
+// hidden states through the checkpoint's router weight), the routed experts and the shared
+// expert (with its sigmoid gate), all on one stream — what MoELayer::run computes on the host.
+// Built from a loaded MoELayer (its parameters are uploaded once; the MoELayer may go away after).
+// With expert parallelism (the layer loaded with ep_size > 1) the output holds this rank's routed
+// experts, plus the shared expert on EP rank 0, as MoELayer::run.
+//
+// Numerics: router logits are fp32 products summed in fp64 and rounded once to fp32
+// (compute_router_logits' rule; the summation order differs, so a logit can differ from the
+// host's by an fp32 rounding in rare near-ties), routing is route_device's, the experts are
+// CudaExperts'. Inputs are not checked (a NaN token gets a NaN output row and NaN routing weights,
+// as CudaExperts::run_device documents); host entry points (MoELayer::run) check them.
+class CudaLayer {
+ public:
+  explicit CudaLayer(const MoELayer& layer, const CudaOptions& opt = {});
+  ~CudaLayer();
+  CudaLayer(CudaLayer&&) noexcept;
+  CudaLayer& operator=(CudaLayer&&) noexcept;
+  CudaLayer(const CudaLayer&) = delete;
+  CudaLayer& operator=(const CudaLayer&) = delete;
+
+  // Size the work buffers for up to `max_tokens` tokens (allocates; synchronises the device when
+  // they grow). run_device reserves by itself when called with more tokens outside a stream
+  // capture; inside a capture it cannot allocate, so reserve (or run once eagerly) before capturing.
+  void reserve(int max_tokens);
+  int reserved_tokens() const;
+
+  // x [T, H] (F32, BF16 or F16, row-major), logits [T, E] (F32, BF16 or F16) or null to compute
+  // them from x with the router weight (has_router()); writes out [T, H] fp32 (overwritten),
+  // topk_ids [T, K] int32 (global ids) and topk_weights [T, K] fp32. Stream-ordered, no host
+  // synchronisation, no allocation once reserved: capturable in a CUDA graph. Runs on the layer's
+  // device whatever the calling thread's current device is (and restores it). Calls on different
+  // streams are ordered one after the other (the work buffers are shared): a call first waits for
+  // the previous call's work, except inside a stream capture (capture from a quiet device).
+  // Calls from several host threads are serialised.
+  void run_device(const void* d_x, DType x_dtype, int T, const void* d_logits, DType logits_dtype, float* d_out,
+                  int32_t* d_topk_ids, float* d_topk_weights, void* stream) const;
+
+  // Blocks the host until the last eager run_device call's work is done (nothing when none).
+  void synchronize() const;
+
+  int device() const;
+  int hidden() const;
+  int num_experts() const;
+  int top_k() const;
+  bool has_router() const;
+  bool has_shared_expert() const;  // on this rank (EP rank 0 only)
+  const CudaExperts& experts() const;
+  const CudaExperts* shared_expert() const;  // null when none on this rank
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Router logits on the device: logits [T, E] fp32 = x [T, H] (F32 / BF16 / F16) · W [E, H]ᵀ
+// (+ bias [E]) with compute_router_logits' rule (fp32 products, fp64 sums, one rounding); with
+// `sigmoid` the values are 1 / (1 + exp(−v)) instead (a shared-expert gate, E = 1). All pointers
+// on the device; W and bias fp32. Stream-ordered, capturable.
+void router_logits_device(const void* d_x, DType x_dtype, int T, int H, const float* d_w, const float* d_bias, int E,
+                          bool sigmoid, float* d_logits, void* stream);
+
 }  // namespace qmoe::cuda

@@ -97,6 +97,11 @@ class MoELayer {
   void set_threads(int n) { opt_.threads = n; }
   bool has_router() const { return router_weight_.defined(); }
   const Tensor& shared_gate() const { return shared_gate_; }  // undefined: no gate (weight 1)
+  // The router's tensors as loaded (undefined when the checkpoint has none): weight [E, H], bias [E],
+  // the selection-only e_score_correction_bias [E] (device layers upload them).
+  const Tensor& router_weight() const { return router_weight_; }
+  const Tensor& router_bias() const { return router_bias_; }
+  const Tensor& correction_bias() const { return correction_bias_; }
 
   // Routing from logits [T, E] (or from hidden states through the router weight) into `ws`.
   void plan(const float* router_logits, int T, MoEWorkspace& ws) const;

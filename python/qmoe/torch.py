@@ -8,8 +8,11 @@
 The forward goes through the custom op ``torch.ops.qmoe.moe`` (torch.library.custom_op) with a
 fake implementation, so ``torch.compile`` traces it as one opaque node with known output shapes.
 Inside the op the inputs are made contiguous and detached (the layer is inference-only: no
-gradient flows through it). Tensors on a CUDA device go to the host and back (see the README:
-the zero-copy, stream-ordered device path is not implemented in this binding yet).
+gradient flows through it). With ``device="cuda"`` (or ``"cuda:N"``) and CUDA tensors on that GPU
+the whole layer runs there: inputs read in place, outputs allocated by torch on the device, the
+work on the current stream with no host synchronisation, so the module can be captured in a CUDA
+graph (run it once with as many tokens first, or call ``moe.layer.reserve(T)``). Tensors on another
+device than the layer's go through the host.
 """
 
 from __future__ import annotations
@@ -43,11 +46,22 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous()
 
 
+def _on_layer_device(layer: qmoe.Layer, t: torch.Tensor) -> bool:
+    if not layer.device.startswith("cuda"):
+        return False
+    want = 0 if layer.device == "cuda" else int(layer.device[5:])
+    return t.device.index == want
+
+
 @torch.library.custom_op("qmoe::moe", mutates_args=())
 def moe(hidden_states: torch.Tensor, router_logits: Optional[torch.Tensor], handle: int
         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """out [T, H] f32, topk_ids [T, K] int32, topk_weights [T, K] f32 = layer `handle` (hidden, logits)."""
     layer = _layer(handle)
+    if hidden_states.is_cuda and _on_layer_device(layer, hidden_states):
+        lg = None if router_logits is None else router_logits.detach().to(hidden_states.device).contiguous()
+        out = layer(hidden_states.detach().contiguous(), lg)
+        return out.output, out.topk_ids, out.topk_weights
     out = layer(_host(hidden_states), None if router_logits is None else _host(router_logits))
     dev = hidden_states.device
     return out.output.to(dev), out.topk_ids.to(dev), out.topk_weights.to(dev)

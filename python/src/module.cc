@@ -3,8 +3,11 @@
 // library; every other check and every computation is the library's.
 //
 // Tensors come in through DLPack / the buffer protocol (nb::ndarray): 2-D, row-major contiguous,
-// bfloat16 / float16 / float32 on the CPU. float32 is read in place; bfloat16 / float16 are
-// widened to float32 (exact) by qmoe::to_f32. Outputs are new arrays of the input's framework.
+// bfloat16 / float16 / float32. Host tensors: float32 is read in place; bfloat16 / float16 are
+// widened to float32 (exact) by qmoe::to_f32; outputs are new arrays of the input's framework.
+// CUDA tensors (PyTorch, CuPy) on a layer opened for that GPU go through cuda::CudaLayer: read in
+// place in their dtype, outputs allocated by the caller's framework on its device, the work queued
+// on the caller's current stream (no host round trip, capturable in a CUDA graph).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
@@ -65,18 +68,102 @@ Framework framework_of(nb::handle obj) {
   return Framework::NumPy;
 }
 
-// A 2-D host tensor as the library reads it.
-struct HostMatrix {
+// A 2-D tensor as the library reads it (host or device memory).
+struct Matrix {
   nb::ndarray<nb::ro> array;  // keeps the caller's memory alive
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
   Framework framework = Framework::NumPy;
+  int32_t device_type = nb::device::cpu::value, device_id = 0;
+  bool on_cuda() const { return device_type == nb::device::cuda::value; }
 };
+using HostMatrix = Matrix;
 
-HostMatrix host_matrix(nb::handle obj, const char* name) {
-  HostMatrix m;
+std::string device_text(const Matrix& m) {
+  if (m.device_type == nb::device::cpu::value) return "cpu";
+  if (m.on_cuda()) return "cuda:" + std::to_string(m.device_id);
+  return "DLPack device type " + std::to_string(m.device_type);
+}
+
+// The checks every tensor passes, on its dtype code / bits and element strides.
+void check_layout(Matrix& m, const int64_t* st, const char* name) {
+  // Row-major contiguous (a stride of a size-1 dimension carries no meaning). qmoe reads the
+  // caller's memory in place, so other layouts are refused rather than copied behind the caller's back.
+  const bool contiguous = st == nullptr || m.rows == 0 || m.cols == 0 ||
+                          ((m.cols <= 1 || st[1] == 1) && (m.rows <= 1 || st[0] == m.cols));
+  if (!contiguous) {
+    const int64_t shape[2] = {m.rows, m.cols};
+    throw Error(std::string(name) + ": the tensor is not row-major contiguous (shape " + shape_text(shape, 2) +
+                ", strides " + shape_text(st, 2) + " elements); qmoe reads tensors in place: pass " +
+                "numpy.ascontiguousarray(x) or x.contiguous()");
+  }
+}
+
+// CUDA tensors of PyTorch and CuPy are read from their own attributes rather than through
+// __dlpack__(): called without a stream, __dlpack__ makes the legacy default stream wait on the
+// caller's current stream (an event), which a CUDA-graph capture on a side stream forbids.
+std::optional<Matrix> read_cuda_matrix(nb::handle obj, const char* name, Framework fw) {
+  Matrix m;
+  m.framework = fw;
+  m.device_type = nb::device::cuda::value;
+  std::string dt;
+  int64_t st[2] = {0, 0};
+  if (fw == Framework::PyTorch) {
+    if (!nb::hasattr(obj, "is_cuda") || !nb::cast<bool>(obj.attr("is_cuda"))) return std::nullopt;
+    if (nb::cast<bool>(obj.attr("requires_grad")))
+      throw Error(std::string(name) + ": the tensor requires grad; qmoe layers are inference-only: pass " +
+                  "x.detach() (qmoe.torch.MoE does)");
+    const auto shape = nb::cast<std::vector<int64_t>>(obj.attr("shape"));
+    if (shape.size() != 2)
+      throw Error(std::string(name) + ": expected a 2-D tensor; got shape " + shape_text(shape.data(), shape.size()));
+    const auto stride = nb::cast<std::vector<int64_t>>(obj.attr("stride")());
+    m.rows = shape[0];
+    m.cols = shape[1];
+    st[0] = stride[0];
+    st[1] = stride[1];
+    m.device_id = nb::cast<int32_t>(obj.attr("device").attr("index"));
+    m.data = reinterpret_cast<const void*>(nb::cast<uintptr_t>(obj.attr("data_ptr")()));
+    dt = nb::cast<std::string>(nb::repr(obj.attr("dtype")));  // "torch.float32"
+    if (dt.rfind("torch.", 0) == 0) dt = dt.substr(6);
+  } else {
+    if (!nb::hasattr(obj, "__cuda_array_interface__")) return std::nullopt;
+    const nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
+    const auto shape = nb::cast<std::vector<int64_t>>(cai["shape"]);
+    if (shape.size() != 2)
+      throw Error(std::string(name) + ": expected a 2-D tensor; got shape " + shape_text(shape.data(), shape.size()));
+    m.rows = shape[0];
+    m.cols = shape[1];
+    const std::string ts = nb::cast<std::string>(cai["typestr"]);
+    const int64_t item = ts.size() >= 3 ? std::stoll(ts.substr(2)) : 0;
+    dt = ts == "<f4" ? "float32" : ts == "<f2" ? "float16" : ts;
+    st[0] = m.cols;
+    st[1] = 1;
+    if (cai.contains("strides") && !cai["strides"].is_none() && item > 0) {
+      const auto bst = nb::cast<std::vector<int64_t>>(cai["strides"]);
+      st[0] = bst[0] / item;
+      st[1] = bst[1] / item;
+    }
+    m.data = reinterpret_cast<const void*>(nb::cast<uintptr_t>(nb::cast<nb::tuple>(cai["data"])[0]));
+    m.device_id = nb::cast<int32_t>(obj.attr("device").attr("id"));
+  }
+  if (dt == "float32")
+    m.dtype = DType::F32;
+  else if (dt == "bfloat16")
+    m.dtype = DType::BF16;
+  else if (dt == "float16")
+    m.dtype = DType::F16;
+  else
+    throw Error(std::string(name) + ": dtype " + dt + " is not supported; expected bfloat16, float16 or float32");
+  check_layout(m, st, name);
+  return m;
+}
+
+Matrix read_matrix(nb::handle obj, const char* name) {
+  Matrix m;
   m.framework = framework_of(obj);
+  if (m.framework == Framework::PyTorch || m.framework == Framework::CuPy)
+    if (auto cm = read_cuda_matrix(obj, name, m.framework)) return *cm;
   nb::object src = nb::borrow(obj);
   bool bf16_bits = false;
   // NumPy has no bfloat16 of its own: ml_dtypes' bfloat16 is not exported through DLPack or the
@@ -100,11 +187,11 @@ HostMatrix host_matrix(nb::handle obj, const char* name) {
   const auto& a = m.array;
   if (a.ndim() != 2)
     throw Error(std::string(name) + ": expected a 2-D tensor; got shape " + shape_text(a.shape_ptr(), a.ndim()));
-  if (a.device_type() != nb::device::cpu::value) {
-    throw Error(std::string(name) + ": the tensor is not in host memory (DLPack device type " +
-                std::to_string(a.device_type()) + "); qmoe's Python binding reads host tensors (the layer runs on " +
-                "the device it was opened on); move it to the CPU first, e.g. x.cpu()");
-  }
+  m.device_type = a.device_type();
+  m.device_id = a.device_id();
+  if (m.device_type != nb::device::cpu::value && !m.on_cuda())
+    throw Error(std::string(name) + ": the tensor is on " + device_text(m) +
+                "; qmoe reads host tensors and CUDA tensors; move it to the CPU first, e.g. x.cpu()");
   const auto dt = a.dtype();
   if (bf16_bits || dt == nb::dtype<uint16_t>()) {
     if (!bf16_bits)
@@ -123,15 +210,16 @@ HostMatrix host_matrix(nb::handle obj, const char* name) {
   }
   m.rows = static_cast<int64_t>(a.shape(0));
   m.cols = static_cast<int64_t>(a.shape(1));
-  // Row-major contiguous (a stride of a size-1 dimension carries no meaning). qmoe reads the
-  // caller's memory in place, so other layouts are refused rather than copied behind the caller's back.
-  const int64_t* st = a.stride_ptr();
-  const bool contiguous = st == nullptr || m.rows == 0 || m.cols == 0 || ((m.cols <= 1 || st[1] == 1) && (m.rows <= 1 || st[0] == m.cols));
-  if (!contiguous)
-    throw Error(std::string(name) + ": the tensor is not row-major contiguous (shape " + shape_text(a.shape_ptr(), 2) +
-                ", strides " + shape_text(st, 2) + " elements); qmoe reads tensors in place: pass " +
-                "numpy.ascontiguousarray(x) or x.contiguous()");
+  check_layout(m, a.stride_ptr(), name);
   m.data = a.data();
+  return m;
+}
+
+HostMatrix host_matrix(nb::handle obj, const char* name) {
+  Matrix m = read_matrix(obj, name);
+  if (m.on_cuda())
+    throw Error(std::string(name) + ": the tensor is on " + device_text(m) +
+                " but the other inputs are in host memory; pass them all on one device");
   return m;
 }
 
@@ -165,13 +253,49 @@ struct LayerOutput {
 };
 
 #ifdef QMOE_HAVE_CUDA
-// The routed experts resident on one GPU; the shared expert (if any) goes through experts_cuda.
+// The layer resident on one GPU. Host tensors reach its experts through MoELayer's runner
+// (CudaExperts::run_host: copies in, runs, syncs); CUDA tensors go straight to CudaLayer.
 struct CudaState {
   cuda::CudaOptions opt;
-  std::unique_ptr<cuda::CudaExperts> experts;
+  std::unique_ptr<cuda::CudaLayer> layer;
   const ExpertParams* routed = nullptr;
-  std::mutex mu;  // CudaExperts::run_host reuses its staging buffers
+  const ExpertParams* shared = nullptr;
+  std::mutex mu;  // both paths share the layer's work buffers
 };
+
+nb::object empty_like_device(const Matrix& like, nb::handle like_obj, int64_t rows, int64_t cols, bool int32) {
+  const nb::tuple shape = nb::make_tuple(rows, cols);
+  if (like.framework == Framework::PyTorch) {
+    const nb::module_ torch = nb::module_::import_("torch");
+    return torch.attr("empty")(shape, "dtype"_a = torch.attr(int32 ? "int32" : "float32"),
+                               "device"_a = like_obj.attr("device"));
+  }
+  const nb::module_ cupy = nb::module_::import_("cupy");
+  const nb::object dev = cupy.attr("cuda").attr("Device")(like.device_id);
+  dev.attr("__enter__")();
+  nb::object a = cupy.attr("empty")(shape, "dtype"_a = cupy.attr(int32 ? "int32" : "float32"));
+  dev.attr("__exit__")(nb::none(), nb::none(), nb::none());
+  return a;
+}
+
+// The caller's current stream of `like`'s framework on its device.
+uintptr_t current_stream(const Matrix& like, nb::handle like_obj) {
+  if (like.framework == Framework::PyTorch) {
+    const nb::module_ torch = nb::module_::import_("torch");
+    return nb::cast<uintptr_t>(torch.attr("cuda").attr("current_stream")(like_obj.attr("device")).attr("cuda_stream"));
+  }
+  const nb::module_ cupy = nb::module_::import_("cupy");
+  const nb::object dev = cupy.attr("cuda").attr("Device")(like.device_id);
+  dev.attr("__enter__")();
+  const uintptr_t st = nb::cast<uintptr_t>(cupy.attr("cuda").attr("get_current_stream")().attr("ptr"));
+  dev.attr("__exit__")(nb::none(), nb::none(), nb::none());
+  return st;
+}
+
+void* device_pointer(const Matrix& like, nb::handle arr) {
+  if (like.framework == Framework::PyTorch) return reinterpret_cast<void*>(nb::cast<uintptr_t>(arr.attr("data_ptr")()));
+  return reinterpret_cast<void*>(nb::cast<uintptr_t>(arr.attr("data").attr("ptr")));
+}
 #endif
 
 class Layer {
@@ -181,8 +305,11 @@ class Layer {
       : dir_(std::move(dir)), index_(index), device_(std::move(device)), kernel_(std::move(kernel)),
         threads_(threads), layer_(std::move(layer)) {}
 
-  LayerOutput call(nb::handle hidden_states, nb::handle router_logits) const {
-    const HostMatrix x = host_matrix(hidden_states, "hidden_states");
+  LayerOutput call(nb::handle hidden_states, nb::handle router_logits, std::optional<uintptr_t> stream) const {
+    const Matrix x = read_matrix(hidden_states, "hidden_states");
+    if (x.on_cuda()) return call_cuda(x, hidden_states, router_logits, stream);
+    if (stream)
+      throw Error("stream: a stream is only taken with CUDA tensors; hidden_states is in host memory");
     const int H = layer_->experts().hidden;
     const int E = layer_->config().num_experts;
     if (x.rows < 1 || x.rows > INT32_MAX)
@@ -207,6 +334,10 @@ class Layer {
     auto out = std::make_unique<float[]>(static_cast<size_t>(T) * static_cast<size_t>(H));
     {
       nb::gil_scoped_release release;
+#ifdef QMOE_HAVE_CUDA
+      // Device calls on other streams may still be using the layer's work buffers.
+      if (cuda) cuda->layer->synchronize();
+#endif
       std::vector<float> xs, ls;
       const float* xf = as_f32(x, xs);
       if (logits)
@@ -224,6 +355,19 @@ class Layer {
                        new_array(std::move(w), T, K, x.framework)};
   }
 
+  // Sizes the device work buffers for up to `max_tokens` tokens (before capturing a CUDA graph).
+  void reserve(int max_tokens) {
+#ifdef QMOE_HAVE_CUDA
+    if (cuda) {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(cuda->mu);
+      cuda->layer->reserve(max_tokens);
+      return;
+    }
+#endif
+    if (max_tokens < 1) throw Error("reserve: max_tokens must be >= 1, got " + std::to_string(max_tokens));
+  }
+
   const MoELayer& layer() const { return *layer_; }
   int index() const { return index_; }
   const std::string& device() const { return device_; }
@@ -236,6 +380,67 @@ class Layer {
 #endif
 
  private:
+  std::string where() const { return "layer " + std::to_string(index_) + " of " + dir_; }
+
+  // CUDA tensors: the whole layer on the device, on the caller's stream.
+  LayerOutput call_cuda(const Matrix& x, nb::handle x_obj, nb::handle router_logits,
+                        std::optional<uintptr_t> stream) const {
+#ifdef QMOE_HAVE_CUDA
+    if (!cuda)
+      throw Error("hidden_states is on " + device_text(x) + " but " + where() + " was opened with device='" + device_ +
+                  "'; open it with device='" + device_text(x) + "' to run on device tensors, or pass host tensors "
+                  "(x.cpu())");
+    const cuda::CudaLayer& L = *cuda->layer;
+    if (x.device_id != L.device())
+      throw Error("hidden_states is on " + device_text(x) + " but " + where() + " lives on cuda:" +
+                  std::to_string(L.device()));
+    if (x.framework != Framework::PyTorch && x.framework != Framework::CuPy)
+      throw Error("hidden_states: CUDA tensors are taken from PyTorch or CuPy (their outputs are allocated by that "
+                  "framework); got an object of another framework: wrap it with torch.from_dlpack(x)");
+    const int H = L.hidden(), E = L.num_experts(), K = L.top_k();
+    if (x.rows < 1 || x.rows > INT32_MAX)
+      throw Error("hidden_states has " + std::to_string(x.rows) + " tokens; expected 1 <= T <= 2147483647");
+    if (x.cols != H)
+      throw Error("'hidden_states' has hidden size " + std::to_string(x.cols) + "; " + where() + " has hidden_size " +
+                  std::to_string(H));
+    std::optional<Matrix> logits;
+    if (!router_logits.is_none()) {
+      logits = read_matrix(router_logits, "router_logits");
+      if (!logits->on_cuda() || logits->device_id != x.device_id)
+        throw Error("router_logits is on " + device_text(*logits) + " but hidden_states is on " + device_text(x) +
+                    "; pass both on one device");
+      if (logits->rows != x.rows || logits->cols != E)
+        throw Error("'router_logits' is [" + std::to_string(logits->rows) + ", " + std::to_string(logits->cols) +
+                    "]; expected [" + std::to_string(x.rows) + ", " + std::to_string(E) + "] (" + where() + " has " +
+                    std::to_string(E) + " experts)");
+    } else if (!L.has_router()) {
+      throw Error("router_logits is None and " + where() + " has no router weight (" +
+                  layer_->config().router_weight_name(index_) + ")");
+    }
+    const int T = static_cast<int>(x.rows);
+    const uintptr_t st = stream ? *stream : current_stream(x, x_obj);
+    nb::object out = empty_like_device(x, x_obj, T, H, false);
+    nb::object ids = empty_like_device(x, x_obj, T, K, true);
+    nb::object w = empty_like_device(x, x_obj, T, K, false);
+    float* d_out = static_cast<float*>(device_pointer(x, out));
+    int32_t* d_ids = static_cast<int32_t*>(device_pointer(x, ids));
+    float* d_w = static_cast<float*>(device_pointer(x, w));
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(cuda->mu);
+      L.run_device(x.data, x.dtype, T, logits ? logits->data : nullptr, logits ? logits->dtype : DType::F32, d_out,
+                   d_ids, d_w, reinterpret_cast<void*>(st));
+    }
+    return LayerOutput{out, ids, w};
+#else
+    (void)x_obj;
+    (void)router_logits;
+    (void)stream;
+    throw Error("hidden_states is on " + device_text(x) + ": this qmoe was built without CUDA (reinstall with "
+                "QMOE_CUDA=ON, see the README); pass host tensors (x.cpu())");
+#endif
+  }
+
   std::string dir_;
   int index_;
   std::string device_, kernel_;
@@ -290,12 +495,13 @@ struct PyCheckpoint {
       cs = std::make_shared<CudaState>();
       cs->opt.device = gpu;
       opt.runner = [cs](const ExpertsArgs& a) {
-        if (a.params == cs->routed && cs->experts) {
-          std::lock_guard<std::mutex> lock(cs->mu);
-          cs->experts->run_host(a);
-        } else {
+        std::lock_guard<std::mutex> lock(cs->mu);
+        if (cs->layer && a.params == cs->routed)
+          cs->layer->experts().run_host(a);
+        else if (cs->layer && a.params == cs->shared && cs->layer->shared_expert())
+          cs->layer->shared_expert()->run_host(a);
+        else
           cuda::experts_cuda(a, cs->opt);
-        }
       };
     }
 #else
@@ -309,8 +515,9 @@ struct PyCheckpoint {
       ml = std::make_unique<MoELayer>(MoELayer::from_checkpoint(dir, index, opt));
 #ifdef QMOE_HAVE_CUDA
       if (cs) {
-        cs->experts = std::make_unique<cuda::CudaExperts>(ml->experts(), cs->opt);
+        cs->layer = std::make_unique<cuda::CudaLayer>(*ml, cs->opt);
         cs->routed = &ml->experts();
+        if (ml->shared_expert()) cs->shared = &*ml->shared_expert();
       }
 #endif
     }
@@ -435,10 +642,18 @@ NB_MODULE(_qmoe, m) {
       });
 
   nb::class_<Layer>(m, "Layer", "One MoE layer loaded (and processed) for a device. Call it on hidden states.")
-      .def("__call__", &Layer::call, "hidden_states"_a, "router_logits"_a = nb::none(),
+      .def("__call__", &Layer::call, "hidden_states"_a, "router_logits"_a = nb::none(), nb::kw_only(),
+           "stream"_a = nb::none(),
            "out = layer(hidden_states [T, H], router_logits [T, E] or None): hidden states (and logits) are 2-D, "
-           "row-major contiguous, bfloat16 / float16 / float32 host tensors; without logits the checkpoint's router "
-           "computes them. Returns a LayerOutput of arrays of the input's framework. Releases the GIL.")
+           "row-major contiguous, bfloat16 / float16 / float32 tensors; without logits the checkpoint's router "
+           "computes them. Host tensors: LayerOutput of arrays of the input's framework. CUDA tensors (PyTorch or "
+           "CuPy, on the GPU the layer was opened for): read in place, outputs allocated on that device, the work "
+           "queued on STREAM (a cudaStream_t as int; None: the framework's current stream) with no host "
+           "synchronisation — capturable in a CUDA graph once the layer has run (or reserve()d) that many tokens. "
+           "Releases the GIL.")
+      .def("reserve", &Layer::reserve, "max_tokens"_a,
+           "Size the device work buffers for up to MAX_TOKENS tokens (a CUDA layer allocates; do it before "
+           "capturing a CUDA graph). Nothing to do on the CPU.")
       .def_prop_ro("index", &Layer::index, "decoder layer index")
       .def_prop_ro("device", &Layer::device)
       .def_prop_ro("kernel", &Layer::kernel)

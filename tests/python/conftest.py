@@ -49,7 +49,14 @@ def read_safetensors(path: os.PathLike) -> dict[str, np.ndarray]:
         begin, end = info["data_offsets"]
         dt = _DTYPES.get(info["dtype"])
         if isinstance(dt, str):
-            import ml_dtypes
+            try:
+                import ml_dtypes
+            except ImportError:  # a machine without it (the GPU image): bf16 widened exactly to f32
+                if dt != "bfloat16":
+                    raise
+                bits = np.frombuffer(data[begin:end], np.uint16).astype(np.uint32) << 16
+                out[name] = bits.view(np.float32).reshape(info["shape"]).copy()
+                continue
             dt = getattr(ml_dtypes, dt)
         if dt is None:  # packed sub-byte formats: the bytes
             out[name] = np.frombuffer(data[begin:end], np.uint8).copy()
