@@ -48,32 +48,7 @@ __global__ void combine_ranks_kernel(const float* __restrict__ back, const int32
   }
 }
 
-__device__ float load_elem(const void* x, DType dt, int64_t i) {
-  if (dt == DType::BF16) return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
-  if (dt == DType::F16) return __half2float(static_cast<const __half*>(x)[i]);
-  return static_cast<const float*>(x)[i];
-}
-
-// The shared-expert gate sigmoid(x·g) per token (fp32 products, fp64 sum, as the CPU layer), and
-// the constant id 0 of the one shared expert.
-__global__ void shared_gate_kernel(const void* x, DType dt, int H, const float* g, float* w, int32_t* ids) {
-  const int t = blockIdx.x;
-  __shared__ double part[32];
-  double acc = 0.0;
-  for (int h = threadIdx.x; h < H; h += blockDim.x)
-    acc += static_cast<double>(load_elem(x, dt, static_cast<int64_t>(t) * H + h) * g[h]);
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0.0;
-    for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) s += part[i];
-    const float v = static_cast<float>(s);
-    w[t] = g ? 1.0f / (1.0f + expf(-v)) : 1.0f;
-    ids[t] = 0;
-  }
-}
-
+// The one shared expert's id 0 and weight 1 per token (the gate, if any, overwrites the weights).
 __global__ void shared_ones_kernel(int T, float* w, int32_t* ids) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < T) {
@@ -239,11 +214,10 @@ struct CudaDistributedMoE::Impl {
       }
       auto* sw = sw_.need<float>(static_cast<size_t>(T));
       auto* sid = sid_.need<int32_t>(static_cast<size_t>(T));
-      if (has_gate)
-        shared_gate_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(d_x, dt, H, gate.as<float>(), sw, sid);
-      else
-        shared_ones_kernel<<<static_cast<unsigned>((T + 255) / 256), 256, 0, s>>>(T, sw, sid);
+      shared_ones_kernel<<<static_cast<unsigned>((T + 255) / 256), 256, 0, s>>>(T, sw, sid);
       QMOE_CUDA_CHECK(cudaGetLastError());
+      // The gate's weights sigmoid(x·g) (the same kernel as CudaLayer's router logits).
+      if (has_gate) router_logits_device(d_x, dt, T, H, gate.as<float>(), nullptr, 1, true, sw, s);
       shared->run_device(d_x, dt, T, 1, sid, sw, d_out, false, true, s);
     }
     if (opt.tp > 1) {
