@@ -68,20 +68,26 @@ inline void fp4_group(const uint8_t* p, int bytes, __m256 ta, __m256 tb, __m256*
   o[1] = e2m1_lookup(_mm256_srli_epi32(xb, 4), tb);
 }
 
-// MXFP6: 8 elements = 6 bytes; 128-bit lane 0 takes bytes 0..2 (elements 0..3), lane 1 bytes 3..5.
-template <bool kE2M3>
-inline __m256 fp6_eight(const uint8_t* p) {
-  uint64_t v = 0;
-  std::memcpy(&v, p, 6);
-  const __m256i b = _mm256_set1_epi64x(static_cast<long long>(v));
-  const __m256i idx = _mm256_setr_epi8(0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128, 0, 1, 2, -128,  //
-                                       3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128, 3, 4, 5, -128);
+// MXFP6: 8 elements = 6 bytes at byte kOff of the 16 bytes broadcast in b (both 128-bit lanes);
+// lane 0 takes bytes kOff..kOff+2 (elements 0..3), lane 1 bytes kOff+3..kOff+5. (Loading the 6
+// bytes through a scalar memcpy cost a store-forwarding stall per 8 elements.)
+template <bool kE2M3, int kOff>
+inline __m256 fp6_eight(__m256i b) {
+  constexpr char o = static_cast<char>(kOff), z = -128;
+  const __m256i idx = _mm256_setr_epi8(o, o + 1, o + 2, z, o, o + 1, o + 2, z, o, o + 1, o + 2, z, o, o + 1, o + 2, z,  //
+                                       o + 3, o + 4, o + 5, z, o + 3, o + 4, o + 5, z, o + 3, o + 4, o + 5, z, o + 3,
+                                       o + 4, o + 5, z);
   const __m256i wv = _mm256_shuffle_epi8(b, idx);
   const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
-  using B = Fp6ToF32<kE2M3>;
-  const __m256i bits = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(c, 26), B::kSra),
-                                        _mm256_set1_epi32(static_cast<int>(B::kMask)));
-  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(bits_to_float(B::kMulBits)));
+  using B = Fp6ToF32<kE2M3>;  // normal-fp32 form + the exponent-0 fix (simd/common.h)
+  const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(31));
+  const __m256 f = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_slli_epi32(mag, B::kShl), _mm256_set1_epi32(static_cast<int>(B::kBiasBits))));
+  const __m256 sub = _mm256_fmsub_ps(f, _mm256_set1_ps(2.0f), _mm256_set1_ps(B::kSubFix));
+  const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(B::kSubBelow), mag));
+  const __m256 val = _mm256_blendv_ps(f, sub, is_sub);
+  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(c, 26), _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm256_or_ps(val, _mm256_castsi256_ps(sign));
 }
 
 // The ISA layer of the AVX2 target, as the generic kernels (simd/gemm.h) use it.
@@ -148,7 +154,13 @@ struct Avx2 {
   template <bool kE2M3>
   static void dec_fp6(const uint8_t* p, float s, F* w) {
     const __m256 sv = _mm256_set1_ps(s);
-    for (int j = 0; j < 4; ++j) w[j] = _mm256_mul_ps(fp6_eight<kE2M3>(p + 6 * j), sv);
+    // The 24 bytes of the 32 elements as two 16-byte loads inside them (bytes 0..15 and 8..23).
+    const __m256i b0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i b1 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    w[0] = _mm256_mul_ps(fp6_eight<kE2M3, 0>(b0), sv);
+    w[1] = _mm256_mul_ps(fp6_eight<kE2M3, 6>(b0), sv);
+    w[2] = _mm256_mul_ps(fp6_eight<kE2M3, 4>(b1), sv);
+    w[3] = _mm256_mul_ps(fp6_eight<kE2M3, 10>(b1), sv);
   }
   // FP4, 64 weights in act order [even g | even g+1 | odd g | odd g+1] as 8 vectors (see Avx512).
   static F fp4_base() { return _mm256_loadu_ps(kE2m1Mag); }

@@ -87,8 +87,8 @@ inline void fp4_group_decode(__m128i bytes, __m512 ta, __m512 tb, bool two_table
 }
 
 // MXFP6 (natural order): 16 elements = 12 bytes; each 128-bit lane L takes bytes 3L..3L+2 of its
-// 4-element group into every dword, shifts by 6·j and masks 6 bits; code → fp32 as Fp6ToF32
-// (simd/common.h) says.
+// 4-element group into every dword, shifts by 6·j and masks 6 bits; code → fp32 by a table lookup
+// (Fp6ToF32, simd/common.h).
 template <bool kE2M3>
 inline __m512 fp6_half16(const uint8_t* p) {
   const __m128i b = _mm_maskz_loadu_epi8(0x0FFF, p);
@@ -102,9 +102,10 @@ inline __m512 fp6_half16(const uint8_t* p) {
   const __m512i sh = _mm512_set_epi32(18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0, 18, 12, 6, 0);
   const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32(0x3F));
   using B = Fp6ToF32<kE2M3>;
-  const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 26), B::kSra),
-                                        _mm512_set1_epi32(static_cast<int>(B::kMask)));
-  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(bits_to_float(B::kMulBits)));
+  // vpermt2ps reads index bits 0..4 only: the magnitude; bit 5 (the sign) goes to bit 31.
+  const __m512 mag = _mm512_permutex2var_ps(_mm512_loadu_ps(B::kMag), c, _mm512_loadu_ps(B::kMag + 16));
+  const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(c, 26), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
 }
 
 // The ISA layer of the AVX-512 target, as the generic kernels (simd/gemm.h) use it.
