@@ -78,7 +78,6 @@ struct Matrix {
   int32_t device_type = nb::device::cpu::value, device_id = 0;
   bool on_cuda() const { return device_type == nb::device::cuda::value; }
 };
-using HostMatrix = Matrix;
 
 std::string device_text(const Matrix& m) {
   if (m.device_type == nb::device::cpu::value) return "cpu";
@@ -86,8 +85,8 @@ std::string device_text(const Matrix& m) {
   return "DLPack device type " + std::to_string(m.device_type);
 }
 
-// The checks every tensor passes, on its dtype code / bits and element strides.
-void check_layout(Matrix& m, const int64_t* st, const char* name) {
+// Every tensor's layout check (strides in elements; null: contiguous).
+void check_layout(const Matrix& m, const int64_t* st, const char* name) {
   // Row-major contiguous (a stride of a size-1 dimension carries no meaning). qmoe reads the
   // caller's memory in place, so other layouts are refused rather than copied behind the caller's back.
   const bool contiguous = st == nullptr || m.rows == 0 || m.cols == 0 ||
@@ -215,7 +214,7 @@ Matrix read_matrix(nb::handle obj, const char* name) {
   return m;
 }
 
-HostMatrix host_matrix(nb::handle obj, const char* name) {
+Matrix host_matrix(nb::handle obj, const char* name) {
   Matrix m = read_matrix(obj, name);
   if (m.on_cuda())
     throw Error(std::string(name) + ": the tensor is on " + device_text(m) +
@@ -224,7 +223,7 @@ HostMatrix host_matrix(nb::handle obj, const char* name) {
 }
 
 // fp32 values of a host matrix: the caller's memory for float32, an exact widening otherwise.
-const float* as_f32(const HostMatrix& m, std::vector<float>& storage) {
+const float* as_f32(const Matrix& m, std::vector<float>& storage) {
   if (m.dtype == DType::F32) return static_cast<const float*>(m.data);
   storage = to_f32(Tensor::view(m.dtype, {m.rows, m.cols}, m.data, nullptr));
   return storage.data();
@@ -317,7 +316,7 @@ class Layer {
     if (x.cols != H)
       throw Error("'hidden_states' has hidden size " + std::to_string(x.cols) + "; layer " + std::to_string(index_) +
                   " of " + dir_ + " has hidden_size " + std::to_string(H));
-    std::optional<HostMatrix> logits;
+    std::optional<Matrix> logits;
     if (!router_logits.is_none()) {
       logits = host_matrix(router_logits, "router_logits");
       if (logits->rows != x.rows || logits->cols != E)
@@ -334,10 +333,6 @@ class Layer {
     auto out = std::make_unique<float[]>(static_cast<size_t>(T) * static_cast<size_t>(H));
     {
       nb::gil_scoped_release release;
-#ifdef QMOE_HAVE_CUDA
-      // Device calls on other streams may still be using the layer's work buffers.
-      if (cuda) cuda->layer->synchronize();
-#endif
       std::vector<float> xs, ls;
       const float* xf = as_f32(x, xs);
       if (logits)
@@ -496,6 +491,8 @@ struct PyCheckpoint {
       cs->opt.device = gpu;
       opt.runner = [cs](const ExpertsArgs& a) {
         std::lock_guard<std::mutex> lock(cs->mu);
+        // Device calls on other streams may still be using the layer's work buffers.
+        if (cs->layer) cs->layer->synchronize();
         if (cs->layer && a.params == cs->routed)
           cs->layer->experts().run_host(a);
         else if (cs->layer && a.params == cs->shared && cs->layer->shared_expert())

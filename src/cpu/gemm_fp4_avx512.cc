@@ -82,8 +82,7 @@ void tile_decode(const WeightView& w, int n0, int K, int nblocks, __m512i* wbuf,
         bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
         f = _mm512_castsi512_ps(bits);
       } else {
-        const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
-        f = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(bits_to_float(0x7B800000u))), _mm512_set1_ps(w.nv_global));
+        f = _mm512_mul_ps(fp8_codes_to_f32(c), _mm512_set1_ps(w.nv_global));
       }
       _mm512_store_ps(wsv + (b + j) * 16, f);
     }

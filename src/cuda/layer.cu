@@ -110,8 +110,9 @@ void router_logits_device(const void* d_x, DType x_dtype, int T, int H, const fl
                 " E=" + std::to_string(E));
   if (T == 0) return;
   if (!d_x || !d_w || !d_logits) throw Error("router_logits_device: null device pointer");
-  if (static_cast<int64_t>(T + kRT - 1) / kRT > INT32_MAX || (E + kRE - 1) / kRE > 65535)
-    throw Error("router_logits_device: T=" + std::to_string(T) + " E=" + std::to_string(E) + " exceeds the grid limits");
+  if ((E + kRE - 1) / kRE > 65535)  // grid.y (grid.x = ⌈T / 8⌉ always fits)
+    throw Error("router_logits_device: E=" + std::to_string(E) + " exceeds the grid limit of " +
+                std::to_string(65535 * kRE) + " experts");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const dim3 grid((T + kRT - 1) / kRT, (E + kRE - 1) / kRE);
   switch (x_dtype) {

@@ -16,6 +16,7 @@
 #include "cpu/conformance_util.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>

@@ -82,8 +82,10 @@ def test_side_stream_is_used(qwen3):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        # x2 is written on s; the layer must read it on s (its current stream), after the write.
+        # x2 is written on s after a long wait there; the layer must read it on s (its current
+        # stream), after the write — read on another stream it would see x2 before it is written.
         for _ in range(3):
+            torch.cuda._sleep(20_000_000)
             x2 = x * 1.0
             got = layer(x2, lg).output
     torch.cuda.current_stream().wait_stream(s)

@@ -79,7 +79,7 @@ inline __m256 fp6_eight(__m256i b) {
                                        o + 4, o + 5, z);
   const __m256i wv = _mm256_shuffle_epi8(b, idx);
   const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
-  using B = Fp6ToF32<kE2M3>;  // normal-fp32 form + the exponent-0 fix (simd/common.h)
+  using B = Fp6ToF32<kE2M3>;  // the subnormal-free form (SmallFloatToF32, simd/common.h)
   const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(31));
   const __m256 f = _mm256_castsi256_ps(
       _mm256_add_epi32(_mm256_slli_epi32(mag, B::kShl), _mm256_set1_epi32(static_cast<int>(B::kBiasBits))));

@@ -62,14 +62,20 @@ inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 
 const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// FP8 E4M3 code c → (c << 24) >>arith 4 keeps the sign in bit 31 and puts exponent|mantissa at
-// bits 26..20 (an fp32 of value v·2^−120, subnormals included), then × 2^120. Codes 0x7F/0xFF
-// (NaN) decode as ±480: NaN weights are not representable here.
-inline __m512 fp8_to_f32(__m128i bytes) {
-  const __m512i c = _mm512_cvtepu8_epi32(bytes);
-  const __m512i b = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
-  return _mm512_mul_ps(_mm512_castsi512_ps(b), _mm512_set1_ps(bits_to_float(0x7B800000u)));  // 2^120
+// FP8 E4M3 codes (one per dword, bits above 7 zero) → fp32 in the subnormal-free form of
+// SmallFloatToF32 (simd/common.h). Codes 0x7F/0xFF (NaN) decode as ±480: NaN weights are not
+// representable here.
+inline __m512 fp8_codes_to_f32(__m512i c) {
+  using B = Fp8E4M3ToF32;
+  const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+  const __m512 f = _mm512_castsi512_ps(
+      _mm512_add_epi32(_mm512_slli_epi32(mag, B::kShl), _mm512_set1_epi32(static_cast<int>(B::kBiasBits))));
+  const __mmask16 sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(B::kSubBelow));
+  const __m512 v = _mm512_mask_mov_ps(f, sub, _mm512_fmsub_ps(f, _mm512_set1_ps(2.0f), _mm512_set1_ps(B::kSubFix)));
+  const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(c, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
 }
+inline __m512 fp8_to_f32(__m128i bytes) { return fp8_codes_to_f32(_mm512_cvtepu8_epi32(bytes)); }
 
 // FP4 group decode through a 16-entry table pre-multiplied by its block factor (e2m1 × factor: one
 // rounding, as the reference; exact for MX powers of two). NVFP4 groups hold two 16-blocks

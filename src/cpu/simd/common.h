@@ -14,23 +14,20 @@ inline float bits_to_float(uint32_t u) {
   return f;
 }
 
-// MXFP6 code c (6 bits: sign, exponent, mantissa; E2M3: bias 1, E3M2: bias 3) → fp32, exactly and
-// without a subnormal fp32 anywhere: Intel cores take a microcode assist (~100+ cycles) on every
-// vector multiply with a subnormal operand, which made a decode that formed the fp6 value as an
-// fp32 subnormal and rebiased it with one multiply 20–35× slower there (AMD cores do not care).
-//  * AVX-512: kMag, the 32 magnitudes, in two registers, looked up with one vpermt2ps; the sign
-//    is OR-ed in.
-//  * AVX2: (mag << kShl) + kBiasBits is the value as a normal fp32 for exponent ≥ 1; for exponent 0
-//    (mag < kSubBelow: fp6 zero / subnormals) that float is 2^(1−bias)·(1 + m/2^M)/2, and the value
-//    is 2f − 2^(1−bias) (kSubFix), exact; a blend picks it; the sign is OR-ed in.
-template <bool kE2M3>
-struct Fp6ToF32 {
-  static constexpr int kManBits = kE2M3 ? 3 : 2;
-  static constexpr int kBias = kE2M3 ? 1 : 3;
-  static constexpr int kShl = 23 - kManBits;                                     // mantissa → fp32's
+// A small float code c (sign | exponent | kManBits mantissa bits, bias kBias: FP6 E2M3 / E3M2, FP8
+// E4M3) → fp32, exactly and without a subnormal fp32 anywhere. Intel cores take a microcode assist
+// (~100+ cycles) on every vector multiply with a subnormal operand, which made decodes that formed
+// the value as an fp32 subnormal and rebiased it with one multiply 20–35× slower there (AMD cores
+// do not care; bench/RESULTS.md, 2026-12-02). The form the decoders use: (mag << kShl) + kBiasBits
+// is the value as a normal fp32 for exponent ≥ 1; for exponent 0 (mag < kSubBelow: zero and the
+// subnormals) that float is 2^(1−bias)·(1 + m/2^M)/2 and the value is 2f − kSubFix
+// (kSubFix = 2^(1−bias) = mag(kSubBelow)), exact; the sign is OR-ed in. (AVX-512's FP6 decode
+// looks the 32 magnitudes kMag up with one vpermt2ps instead.)
+template <int kManBits, int kBias>
+struct SmallFloatToF32 {
+  static constexpr int kShl = 23 - kManBits;  // mantissa → fp32's
   static constexpr uint32_t kBiasBits = static_cast<uint32_t>(127 - kBias) << 23;
-  static constexpr int kSubBelow = 1 << kManBits;                                // mag < it: exponent 0
-  static constexpr float kSubFix = kE2M3 ? 1.0f : 0.25f;                         // 2^(1 − bias)
+  static constexpr int kSubBelow = 1 << kManBits;  // mag < it: exponent 0
   static constexpr float mag(int c) {
     const int e = c >> kManBits, m = c & (kSubBelow - 1);
     float v = e == 0 ? static_cast<float>(m) / kSubBelow : 1.0f + static_cast<float>(m) / kSubBelow;
@@ -38,11 +35,22 @@ struct Fp6ToF32 {
     for (int k = 0; k < kBias - (e == 0 ? 1 : e); ++k) v *= 0.5f;
     return v;
   }
-  static constexpr float kMag[32] = {mag(0),  mag(1),  mag(2),  mag(3),  mag(4),  mag(5),  mag(6),  mag(7),
-                                     mag(8),  mag(9),  mag(10), mag(11), mag(12), mag(13), mag(14), mag(15),
-                                     mag(16), mag(17), mag(18), mag(19), mag(20), mag(21), mag(22), mag(23),
-                                     mag(24), mag(25), mag(26), mag(27), mag(28), mag(29), mag(30), mag(31)};
+  static constexpr float kSubFix = mag(kSubBelow);  // 2^(1 − bias)
 };
+
+template <bool kE2M3>
+struct Fp6ToF32 : SmallFloatToF32<kE2M3 ? 3 : 2, kE2M3 ? 1 : 3> {
+  using B = SmallFloatToF32<kE2M3 ? 3 : 2, kE2M3 ? 1 : 3>;
+  static constexpr float kMag[32] = {B::mag(0),  B::mag(1),  B::mag(2),  B::mag(3),  B::mag(4),  B::mag(5),
+                                     B::mag(6),  B::mag(7),  B::mag(8),  B::mag(9),  B::mag(10), B::mag(11),
+                                     B::mag(12), B::mag(13), B::mag(14), B::mag(15), B::mag(16), B::mag(17),
+                                     B::mag(18), B::mag(19), B::mag(20), B::mag(21), B::mag(22), B::mag(23),
+                                     B::mag(24), B::mag(25), B::mag(26), B::mag(27), B::mag(28), B::mag(29),
+                                     B::mag(30), B::mag(31)};
+};
+using Fp8E4M3ToF32 = SmallFloatToF32<3, 7>;
+static_assert(Fp8E4M3ToF32::kSubFix == 1.0f / 64 && Fp8E4M3ToF32::mag(126) == 448.0f && Fp8E4M3ToF32::mag(1) == 1.0f / 512);
+static_assert(Fp6ToF32<true>::kSubFix == 1.0f && Fp6ToF32<false>::kSubFix == 0.25f);
 static_assert(Fp6ToF32<true>::kMag[31] == 7.5f && Fp6ToF32<true>::kMag[1] == 0.125f);
 static_assert(Fp6ToF32<false>::kMag[31] == 28.0f && Fp6ToF32<false>::kMag[1] == 0.0625f);
 
