@@ -15,6 +15,9 @@
 #                "--shapes qwen3-30b-a3b --tokens 1,16" or "--schemes w_mxfp4_a_mxfp4,nvfp4"
 #   SKIP_TESTS=1 / SKIP_BENCH=1 to skip a step
 #   GPU_CHECK_OUT  where logs, bench_cuda.csv / .json / .svg go (default: $CUDA_BUILD/gpu-check)
+#   BUILD_TARGETS  the CMake targets to build (default: "test_cuda qmoe_cli bench_cuda" and the Python
+#                module where it can be built)
+#   EXTRA_CUDA_FLAGS  extra nvcc flags for an experiment build, e.g. "-DQMOE_EXP_FP4_WIDE_BUDGET_KB=80"
 #   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest / RE2 (usr/include, usr/lib/...),
 #                for machines without those packages and without network (default: build-deps/usr
 #                when it exists). Make one on a Debian/Ubuntu box with scripts/gpu_deps.sh.
@@ -82,10 +85,11 @@ fi
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON -DQMOE_CUDA_ARCHS=90a \
   -DQMOE_BUILD_TESTS=ON -DQMOE_BUILD_BENCH=ON \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
-  "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
+  "-DCMAKE_CUDA_FLAGS=${EXTRA_CUDA_FLAGS:-}" "${CMAKE_EXTRA[@]}" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
 grep -E "qmoe: NCCL" "$LOGS/configure.log" || true
 t0=$(date +%s)
-cmake --build "$BUILD" --target test_cuda qmoe_cli bench_cuda "${PY_TARGET[@]}" -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
+read -r -a TARGETS <<<"${BUILD_TARGETS:-test_cuda qmoe_cli bench_cuda ${PY_TARGET[*]}}"
+cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS" >"$LOGS/build.log" 2>&1 || {
   grep -E "error|Error" "$LOGS/build.log" | head -40
   exit 1
 }

@@ -15,6 +15,17 @@
 
 namespace qmoe::cuda {
 
+// A global load the compiler issues where it stands (volatile asm: not sunk into the branch that
+// uses it), so that a run of them is in flight together; `on` predicates it (0 when off), so a
+// run is one basic block with no branch per load.
+__device__ __forceinline__ float ld_issue(const float* p, bool on) {
+  float v = 0.0f;
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.f32 %0, [%1];\n}\n"
+               : "+f"(v)
+               : "l"(p), "r"(static_cast<int>(on)));
+  return v;
+}
+
 // ---- align ---------------------------------------------------------------------------------
 constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
@@ -138,6 +149,7 @@ __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x,
   const int t = blockIdx.x;
   const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
   int nonfinite = 0;
+#pragma unroll 4
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     const float v = load_x<X>(x, static_cast<int64_t>(t) * H + h);
     const float u = on_input ? v * f : v;
@@ -204,6 +216,8 @@ __device__ __forceinline__ float act_fn(const ActParams& p, float g, float u) {
   return 0.0f;
 }
 
+constexpr int kActIlp = 8;  // act_kernel: elements per thread whose loads are in flight together
+
 __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int ksplit, int TK, int I,
                                                           const int32_t* slot_local, const float* b13,
                                                           const ActParams p, const RowQuant q, const RowOut o,
@@ -219,19 +233,38 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   const int64_t split_stride = static_cast<int64_t>(TK) * N;
   const float* y = y1p + static_cast<int64_t>(slot) * N;
   const float* b = b13 ? b13 + static_cast<int64_t>(le) * N : nullptr;
-  for (int j = threadIdx.x; j < I; j += blockDim.x) {
-    const int gi = p.interleaved ? 2 * j : j;
-    const int ui = p.interleaved ? 2 * j + 1 : I + j;
-    float g = 0.0f, u = 0.0f;
+  // kActIlp elements per thread per round, their loads issued together (one row is one block: at
+  // decode a handful of blocks stream whole rows, and one load per round trip left them
+  // latency-bound). The sums keep the split order of the reference.
+  for (int j0 = threadIdx.x; j0 < I; j0 += kActIlp * blockDim.x) {
+    float g[kActIlp], u[kActIlp], gv[kActIlp], uv[kActIlp];
+#pragma unroll
+    for (int q = 0; q < kActIlp; ++q) g[q] = u[q] = 0.0f;
     for (int s = 0; s < ksplit; ++s) {
-      g += y[s * split_stride + gi];
-      u += y[s * split_stride + ui];
+#pragma unroll
+      for (int q = 0; q < kActIlp; ++q) {  // all loads first (ld_issue), then the sums
+        const int j = j0 + q * static_cast<int>(blockDim.x);
+        gv[q] = ld_issue(y + s * split_stride + (p.interleaved ? 2 * j : j), j < I);
+        uv[q] = ld_issue(y + s * split_stride + (p.interleaved ? 2 * j + 1 : I + j), j < I);
+      }
+#pragma unroll
+      for (int q = 0; q < kActIlp; ++q) {
+        if (j0 + q * static_cast<int>(blockDim.x) < I) {
+          g[q] += gv[q];
+          u[q] += uv[q];
+        }
+      }
     }
-    if (b) {
-      g += b[gi];
-      u += b[ui];
+#pragma unroll
+    for (int q = 0; q < kActIlp; ++q) {
+      const int j = j0 + q * blockDim.x;
+      if (j >= I) break;
+      if (b) {
+        g[q] += b[p.interleaved ? 2 * j : j];
+        u[q] += b[p.interleaved ? 2 * j + 1 : I + j];
+      }
+      sz[j] = act_fn(p, g[q], u[q]);
     }
-    sz[j] = act_fn(p, g, u);
   }
   __syncthreads();
   if (defer) {
@@ -277,12 +310,25 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 }
 
 // ---- combine ---------------------------------------------------------------------------------
+// One thread per output element (t, h); the token's K routes are staged in shared memory first,
+// then the K · ksplit partial loads of kCombineIlp routes at a time are issued together (at
+// decode the grid is a few blocks and each thread's loads were a chain of round trips). The sums
+// keep the reference order: per route the splits in order, plus the bias, then the weighted sum
+// over the routes in order.
+constexpr int kCombineIlp = 8;
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                                const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
                                const int32_t* bad) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
+  extern __shared__ int s_route[];  // [K] local expert of the token's slots, then [K] routing weights
+  float* s_w = reinterpret_cast<float*>(s_route + K);
   const int t = blockIdx.y;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    s_route[k] = slot_local[t * K + k];
+    s_w[k] = on_input ? 1.0f : topk_w[t * K + k];
+  }
+  __syncthreads();
   const int h = blockIdx.x * blockDim.x + threadIdx.x;
   if (h >= H) return;
   if (bad[t]) {  // non-finite hidden states (quant_input_kernel)
@@ -291,16 +337,31 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
   }
   const int TK = T * K;
   const int64_t split_stride = static_cast<int64_t>(TK) * H;
+  const float* yt = y2p + static_cast<int64_t>(t) * K * H + h;
   float acc = 0.0f;
-  for (int k = 0; k < K; ++k) {
-    const int slot = t * K + k;
-    const int le = slot_local[slot];
-    if (le < 0) continue;
-    const float* y = y2p + static_cast<int64_t>(slot) * H + h;
-    float v = 0.0f;
-    for (int s = 0; s < ksplit; ++s) v += y[s * split_stride];
-    if (b2) v += b2[static_cast<int64_t>(le) * H + h];
-    acc += on_input ? v : topk_w[slot] * v;
+  for (int k0 = 0; k0 < K; k0 += kCombineIlp) {
+    float v[kCombineIlp], x[kCombineIlp];
+    int le[kCombineIlp];
+#pragma unroll
+    for (int q = 0; q < kCombineIlp; ++q) {
+      v[q] = 0.0f;
+      le[q] = k0 + q < K ? s_route[k0 + q] : -1;
+    }
+    for (int s = 0; s < ksplit; ++s) {
+#pragma unroll
+      for (int q = 0; q < kCombineIlp; ++q)
+        x[q] = ld_issue(yt + s * split_stride + static_cast<int64_t>(k0 + q) * H, le[q] >= 0);
+#pragma unroll
+      for (int q = 0; q < kCombineIlp; ++q)
+        if (le[q] >= 0) v[q] += x[q];
+    }
+#pragma unroll
+    for (int q = 0; q < kCombineIlp; ++q) {
+      if (le[q] < 0) continue;
+      float vk = v[q];
+      if (b2) vk += b2[static_cast<int64_t>(le[q]) * H + h];
+      acc += on_input ? vk : s_w[k0 + q] * vk;
+    }
   }
   float* o = out + static_cast<int64_t>(t) * H + h;
   *o = accumulate ? *o + acc : acc;
@@ -309,8 +370,11 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                     const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
                     const int32_t* bad, cudaStream_t s) {
-  launch_pdl(combine_kernel, dim3((H + 255) / 256, T), 256, 0, s, y2p, ksplit, T, K, H, slot_local, topk_w, on_input,
-             b2, out, accumulate, bad);
+  const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(K);
+  static std::atomic<size_t> cfg{0};
+  set_smem(reinterpret_cast<const void*>(combine_kernel), smem, cfg);
+  launch_pdl(combine_kernel, dim3((H + 255) / 256, T), 256, smem, s, y2p, ksplit, T, K, H, slot_local, topk_w,
+             on_input, b2, out, accumulate, bad);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
