@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "cuda/cuda_common.h"
 #include "cuda/frag_layout.h"
@@ -16,8 +17,8 @@
 namespace qmoe::cuda {
 
 // A global load the compiler issues where it stands (volatile asm: not sunk into the branch that
-// uses it), so that a run of them is in flight together; `on` predicates it (0 when off), so a
-// run is one basic block with no branch per load.
+// uses it), so that a run of them is in flight together; `on` predicates it (0, or −1 for int,
+// when off), so a run is one basic block with no branch per load.
 __device__ __forceinline__ float ld_issue(const float* p, bool on) {
   float v = 0.0f;
   asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.f32 %0, [%1];\n}\n"
@@ -25,10 +26,18 @@ __device__ __forceinline__ float ld_issue(const float* p, bool on) {
                : "l"(p), "r"(static_cast<int>(on)));
   return v;
 }
+__device__ __forceinline__ int ld_issue(const int* p, bool on) {
+  int v = -1;
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.s32 %0, [%1];\n}\n"
+               : "+r"(v)
+               : "l"(p), "r"(static_cast<int>(on)));
+  return v;
+}
 
 // ---- align ---------------------------------------------------------------------------------
 constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
+constexpr int kAlignIlp = 8;
 
 __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) {
   pdl_wait();  // launch.cuh
@@ -41,11 +50,21 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
   const int tid = threadIdx.x;
   for (int e = tid; e < a.E_loc; e += kAlignThreads) s_cnt[e] = 0;
   __syncthreads();
-  for (int i = tid; i < a.TK; i += kAlignThreads) {
-    const int id = a.topk_ids[i];
-    const int le = (id >= 0 && id < a.E) ? a.expert_map[id] : -1;
-    a.slot_local[i] = le;
-    if (le >= 0) atomicAdd(&s_cnt[le], 1);
+  // kAlignIlp slots per thread per round, each round's loads in flight together (a single block
+  // walks all T · K slots: one load at a time made it latency-bound at prefill).
+  for (int i0 = tid; i0 < a.TK; i0 += kAlignIlp * kAlignThreads) {
+    int id[kAlignIlp], le[kAlignIlp];
+#pragma unroll
+    for (int q = 0; q < kAlignIlp; ++q) id[q] = ld_issue(a.topk_ids + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK);
+#pragma unroll
+    for (int q = 0; q < kAlignIlp; ++q) le[q] = ld_issue(a.expert_map + id[q], id[q] >= 0 && id[q] < a.E);
+#pragma unroll
+    for (int q = 0; q < kAlignIlp; ++q) {
+      const int i = i0 + q * kAlignThreads;
+      if (i >= a.TK) break;
+      a.slot_local[i] = le[q];
+      if (le[q] >= 0) atomicAdd(&s_cnt[le[q]], 1);
+    }
   }
   __syncthreads();
   int c[kAlignItems], t[kAlignItems], off[kAlignItems], toff[kAlignItems];
@@ -86,9 +105,14 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
     a.tile_expert[ti] = lo;
     a.tile_m0[ti] = (ti - s_toff[lo]) * a.bt;
   }
-  for (int i = tid; i < a.TK; i += kAlignThreads) {
-    const int le = a.slot_local[i];  // written by this thread above
-    if (le >= 0) a.sorted_slots[atomicAdd(&s_pos[le], 1)] = i;
+  for (int i0 = tid; i0 < a.TK; i0 += kAlignIlp * kAlignThreads) {
+    int le[kAlignIlp];
+#pragma unroll
+    for (int q = 0; q < kAlignIlp; ++q)  // written by this thread above
+      le[q] = ld_issue(a.slot_local + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK);
+#pragma unroll
+    for (int q = 0; q < kAlignIlp; ++q)
+      if (le[q] >= 0) a.sorted_slots[atomicAdd(&s_pos[le[q]], 1)] = i0 + q * kAlignThreads;
   }
 }
 
@@ -165,6 +189,21 @@ __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x,
   quantize_row(sv, H, q, o, t, red);
 }
 
+// Rows from which the one-row-per-block kernels and combine take their prefill configuration:
+// 512-thread blocks fill the GPU from ~4 per SM. Below it (decode) they keep the latency-first
+// one (H200, bench/RESULTS.md 2026-12-03: the prefill configuration made qwen3-30b-a3b T = 1 / 16
+// 4–13 % slower and T = 4096 17–24 % faster).
+constexpr int kPrefillRows = 512;
+
+// Threads of a one-row-per-block kernel over n values in `rows` blocks: kRowThreads for a few rows;
+// for many, ~8 values per thread (one round of act_kernel's loads; a multiple of the warp, 64 to
+// kRowThreads), so that short rows (qwen3's I = 768) do not leave most of a block idle.
+static int row_threads(int n, int rows) {
+  if (rows < kPrefillRows) return kRowThreads;
+  const int t = ((n + 7) / 8 + 31) / 32 * 32;
+  return std::min(kRowThreads, std::max(64, t));
+}
+
 // Raise a kernel's dynamic shared-memory limit only when needed and only once per size, so
 // that launches inside a CUDA-graph capture make no attribute calls after the warm-up.
 static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configured) {
@@ -179,7 +218,7 @@ void launch_quant_input_t(const void* x, int T, int H, const float* topk_w, int 
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_input_kernel<X>), smem, cfg);
-  launch_pdl(quant_input_kernel<X>, T, kRowThreads, smem, s, x, H, topk_w, K, on_input, q, out, bad);
+  launch_pdl(quant_input_kernel<X>, T, row_threads(H, T), smem, s, x, H, topk_w, K, on_input, q, out, bad);
 }
 
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
@@ -282,7 +321,7 @@ void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot
   const size_t smem = static_cast<size_t>(I) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(act_kernel), smem, cfg);
-  launch_pdl(act_kernel, TK, kRowThreads, smem, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf,
+  launch_pdl(act_kernel, TK, row_threads(I, TK), smem, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf,
              amax_bits);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -305,7 +344,7 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
   const size_t smem = static_cast<size_t>(I) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_rows_kernel), smem, cfg);
-  launch_pdl(quant_rows_kernel, TK, kRowThreads, smem, s, zbuf, I, slot_local, q, out);
+  launch_pdl(quant_rows_kernel, TK, row_threads(I, TK), smem, s, zbuf, I, slot_local, q, out);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -316,6 +355,23 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 // keep the reference order: per route the splits in order, plus the bias, then the weighted sum
 // over the routes in order.
 constexpr int kCombineIlp = 8;
+
+// V consecutive floats at p (16-byte aligned for V = 4) by one predicated load (zeros when off).
+template <int V>
+__device__ __forceinline__ void ld_issue_v(float (&x)[V], const float* p, bool on) {
+  if constexpr (V == 4) {
+    x[0] = x[1] = x[2] = x[3] = 0.0f;
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n@q ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "+f"(x[0]), "+f"(x[1]), "+f"(x[2]), "+f"(x[3])
+                 : "l"(p), "r"(static_cast<int>(on)));
+  } else {
+    x[0] = ld_issue(p, on);
+  }
+}
+
+// Each thread owns V consecutive outputs of one token row (V = 4 where H and the output allow
+// 16-byte accesses).
+template <int V>
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                                const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
                                const int32_t* bad) {
@@ -329,52 +385,80 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
     s_w[k] = on_input ? 1.0f : topk_w[t * K + k];
   }
   __syncthreads();
-  const int h = blockIdx.x * blockDim.x + threadIdx.x;
+  const int h = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (h >= H) return;
+  float* o = out + static_cast<int64_t>(t) * H + h;
   if (bad[t]) {  // non-finite hidden states (quant_input_kernel)
-    out[static_cast<int64_t>(t) * H + h] = __int_as_float(0x7FC00000);
+#pragma unroll
+    for (int c = 0; c < V; ++c) o[c] = __int_as_float(0x7FC00000);
     return;
   }
   const int TK = T * K;
   const int64_t split_stride = static_cast<int64_t>(TK) * H;
   const float* yt = y2p + static_cast<int64_t>(t) * K * H + h;
-  float acc = 0.0f;
+  float acc[V];
+#pragma unroll
+  for (int c = 0; c < V; ++c) acc[c] = 0.0f;
   for (int k0 = 0; k0 < K; k0 += kCombineIlp) {
-    float v[kCombineIlp], x[kCombineIlp];
+    float v[kCombineIlp][V], x[kCombineIlp][V];
     int le[kCombineIlp];
 #pragma unroll
     for (int q = 0; q < kCombineIlp; ++q) {
-      v[q] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < V; ++c) v[q][c] = 0.0f;
       le[q] = k0 + q < K ? s_route[k0 + q] : -1;
     }
     for (int s = 0; s < ksplit; ++s) {
 #pragma unroll
       for (int q = 0; q < kCombineIlp; ++q)
-        x[q] = ld_issue(yt + s * split_stride + static_cast<int64_t>(k0 + q) * H, le[q] >= 0);
+        ld_issue_v<V>(x[q], yt + s * split_stride + static_cast<int64_t>(k0 + q) * H, le[q] >= 0);
 #pragma unroll
       for (int q = 0; q < kCombineIlp; ++q)
-        if (le[q] >= 0) v[q] += x[q];
+        if (le[q] >= 0)
+#pragma unroll
+          for (int c = 0; c < V; ++c) v[q][c] += x[q][c];
     }
 #pragma unroll
     for (int q = 0; q < kCombineIlp; ++q) {
       if (le[q] < 0) continue;
-      float vk = v[q];
-      if (b2) vk += b2[static_cast<int64_t>(le[q]) * H + h];
-      acc += on_input ? vk : s_w[k0 + q] * vk;
+#pragma unroll
+      for (int c = 0; c < V; ++c) {
+        float vk = v[q][c];
+        if (b2) vk += b2[static_cast<int64_t>(le[q]) * H + h + c];
+        acc[c] += on_input ? vk : s_w[k0 + q] * vk;
+      }
     }
   }
-  float* o = out + static_cast<int64_t>(t) * H + h;
-  *o = accumulate ? *o + acc : acc;
+  if constexpr (V == 4) {  // 16-byte aligned (launch_combine)
+    float4* o4 = reinterpret_cast<float4*>(o);
+    float4 r = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (accumulate) {
+      const float4 p = *o4;
+      r = make_float4(p.x + r.x, p.y + r.y, p.z + r.z, p.w + r.w);
+    }
+    *o4 = r;
+  } else {
+    *o = accumulate ? *o + acc[0] : acc[0];
+  }
 }
 
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                     const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
                     const int32_t* bad, cudaStream_t s) {
   const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(K);
-  static std::atomic<size_t> cfg{0};
-  set_smem(reinterpret_cast<const void*>(combine_kernel), smem, cfg);
-  launch_pdl(combine_kernel, dim3((H + 255) / 256, T), 256, smem, s, y2p, ksplit, T, K, H, slot_local, topk_w,
-             on_input, b2, out, accumulate, bad);
+  // Prefill: 16-byte rows of y2p (cudaMalloc'd) and of the caller's output, when H is a multiple
+  // of 4 and the output pointer 16-byte aligned; otherwise, and at decode, one float per thread.
+  if (T >= kPrefillRows && H % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    static std::atomic<size_t> cfg{0};
+    set_smem(reinterpret_cast<const void*>(combine_kernel<4>), smem, cfg);
+    launch_pdl(combine_kernel<4>, dim3((H / 4 + 255) / 256, T), 256, smem, s, y2p, ksplit, T, K, H, slot_local,
+               topk_w, on_input, b2, out, accumulate, bad);
+  } else {
+    static std::atomic<size_t> cfg{0};
+    set_smem(reinterpret_cast<const void*>(combine_kernel<1>), smem, cfg);
+    launch_pdl(combine_kernel<1>, dim3((H + 255) / 256, T), 256, smem, s, y2p, ksplit, T, K, H, slot_local, topk_w,
+               on_input, b2, out, accumulate, bad);
+  }
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 

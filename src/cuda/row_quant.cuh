@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_common.h"
+#include "cuda/qdq_fast.h"
 #include "qmoe/formats.h"
 
 namespace qmoe::cuda {
@@ -39,8 +40,19 @@ __device__ __forceinline__ float block_absmax(const float* v, int n, float* red)
   return r;
 }
 
-__device__ __forceinline__ MxElem mx_elem_of(ActQuant m) {
-  return m == ActQuant::Mxfp4 ? MxElem::Fp4E2M1 : m == ActQuant::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp6E3M2;
+// MX quantize-dequantize of a row, one warp per 32-element block (shared exponent from formats.h,
+// elements through qdq_fast.h: bit-identical to mx_qdq_block).
+template <class F>
+__device__ __forceinline__ void mx_quantize_row(const float* v, int n, MxElem el, MxScaleMode mode, __nv_bfloat16* hi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const int nb = (n + kMxBlock - 1) / kMxBlock;
+  for (int b = warp; b < nb; b += nw) {
+    const int i = b * kMxBlock + lane;
+    const float x = i < n ? v[i] : 0.0f;
+    const float amax = warp_max(fabsf(x));
+    const int sh = mx_shared_exponent(amax, el, mode);
+    if (i < n) hi[i] = __float2bfloat16_rn(mx_qdq<F>(x, sh));
+  }
 }
 
 // Quantize row `row` (values v[0..n) in shared memory) into o.
@@ -57,21 +69,9 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         if (q.split) lo[i] = __float2bfloat16_rn(v[i] - __bfloat162float(h));
       }
       break;
-    case ActQuant::Mxfp4:
-    case ActQuant::Mxfp6E2M3:
-    case ActQuant::Mxfp6E3M2: {
-      const MxElem el = mx_elem_of(q.mode);
-      const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
-      const int nb = (n + kMxBlock - 1) / kMxBlock;
-      for (int b = warp; b < nb; b += nw) {
-        const int i = b * kMxBlock + lane;
-        const float x = i < n ? v[i] : 0.0f;
-        const float amax = warp_max(fabsf(x));
-        const int sh = mx_shared_exponent(amax, el, q.mx_mode);
-        if (i < n) hi[i] = __float2bfloat16_rn(ldexpf(mx_elem_decode(el, mx_elem_encode(el, ldexpf(x, -sh))), sh));
-      }
-      break;
-    }
+    case ActQuant::Mxfp4: mx_quantize_row<QdqFp4E2M1>(v, n, MxElem::Fp4E2M1, q.mx_mode, hi); break;
+    case ActQuant::Mxfp6E2M3: mx_quantize_row<QdqFp6E2M3>(v, n, MxElem::Fp6E2M3, q.mx_mode, hi); break;
+    case ActQuant::Mxfp6E3M2: mx_quantize_row<QdqFp6E3M2>(v, n, MxElem::Fp6E3M2, q.mx_mode, hi); break;
     case ActQuant::Nvfp4: {
       const float gs = q.static_scale;
       const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
@@ -85,11 +85,11 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
         float s = gs * amax / kFp4Max;
         s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
-        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
+        const float sb = minifloat_qdq<QdqFp8E4M3>(s);  // s is finite: clamped to ±448
         const float inv = sb == 0.0f ? 0.0f : gs / sb;
         float qv = x * inv;
         qv = fminf(fmaxf(qv, -kFp4Max), kFp4Max);
-        if (b < nb && i < n) hi[i] = __float2bfloat16_rn(fp4_e2m1_decode(fp4_e2m1_encode(qv)) * sb);
+        if (b < nb && i < n) hi[i] = __float2bfloat16_rn(minifloat_qdq<QdqFp4E2M1>(qv) * sb);
       }
       break;
     }
@@ -105,11 +105,13 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         s = fp8_tensor_scale(__uint_as_float(*q.tensor_amax));
       }
       const float inv = 1.0f / s;
+      // fp8_e4m3_decode(fp8_quantize_act(v, inv)): the clamp to ±448 (NaN → −448), then the round trip.
+      auto qdq = [inv](float x) { return minifloat_qdq<QdqFp8E4M3>(fminf(fmaxf(x * inv, -kFp8E4M3Max), kFp8E4M3Max)); };
       if (q.f16) {
         __half* h16 = static_cast<__half*>(o.a_hi) + row * o.stride;
-        for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(fp8_e4m3_decode(fp8_quantize_act(v[i], inv)));
+        for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq(v[i]));
       } else {
-        for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(fp8_e4m3_decode(fp8_quantize_act(v[i], inv)));
+        for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(qdq(v[i]));
       }
       if (q.mode != ActQuant::Fp8Static && tid == 0) o.rowscale[row] = s;
       break;

@@ -331,6 +331,71 @@ TEST_P(CudaExpertsEdge, Bf16AndF16InputsEqualF32OfTheSameValues) {
                Error);
   for (void* q : {dx16, dx32, dids, dw, da, db}) cudaFree(q);
 }
+// Random hidden states (normal, seed `seed`), the scheme's parameters built from them and random
+// routing drawn after them from the same generator.
+struct RandomLayerInput {
+  std::vector<float> x;
+  ExpertParams params;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+RandomLayerInput random_layer_input(const SchemeInfo& s, const Problem& pb, uint32_t seed) {
+  RandomLayerInput r;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  r.x.resize(static_cast<size_t>(pb.T) * pb.H);
+  for (auto& v : r.x) v = nd(rng);
+  r.params = build_params(spec_of(s, pb), r.x, pb.T);
+  random_routing(pb.T, pb.K, pb.E, rng, r.ids, r.w, {});
+  return r;
+}
+
+// At prefill combine writes 4 outputs per thread with 16-byte accesses when the output pointer
+// allows it and one otherwise: an output 4 bytes off alignment gives the same bits, written over
+// and accumulated into (T = 600: past kPrefillRows, src/cuda/moe_kernels.cu).
+TEST_P(CudaExpertsEdge, UnalignedOutputMatchesAligned) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  Problem pb;
+  pb.T = 600;
+  const RandomLayerInput in = random_layer_input(s, pb, 5);
+  const std::vector<float>& x = in.x;
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<float>& w = in.w;
+  CudaExperts ce(in.params, {});
+  ce.reserve(pb.T, pb.K);
+  const size_t n = x.size();
+  void *dx = nullptr, *dids = nullptr, *dw = nullptr, *da = nullptr, *db = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dids, ids.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, (n + 1) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  float* out_a = static_cast<float*>(da);
+  float* out_b = static_cast<float*>(db) + 1;  // 4 bytes past a 16-byte boundary
+  std::vector<float> init(n);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : init) v = nd(rng);
+  for (const bool acc : {false, true}) {
+    ASSERT_EQ(cudaMemcpy(out_a, init.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out_b, init.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ce.run_device(static_cast<const float*>(dx), pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
+                  out_a, false, acc, nullptr);
+    ce.run_device(static_cast<const float*>(dx), pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
+                  out_b, false, acc, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> a(n), b(n);
+    ASSERT_EQ(cudaMemcpy(a.data(), out_a, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.data(), out_b, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << GetParam() << " accumulate " << acc;
+    EXPECT_NE(0, std::memcmp(a.data(), init.data(), n * 4)) << "the output was written";
+  }
+  for (void* q : {dx, dids, dw, da, db}) cudaFree(q);
+}
 // Non-finite hidden states on the unchecked device path (docs/DECISIONS.md): the affected tokens'
 // rows are NaN, every other row is bit-identical to the run with those rows zeroed; both with
 // the routing weight applied after the experts and on the input, accumulating or not.
@@ -341,14 +406,11 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
     Problem pb;
     pb.T = 40;
     pb.K = on_input ? 1 : 2;
-    std::mt19937 rng(5);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
-    for (auto& v : x) v = nd(rng);
-    const ExpertParams p = build_params(spec_of(s, pb), x, pb.T);
-    std::vector<int32_t> ids;
-    std::vector<float> w;
-    random_routing(pb.T, pb.K, pb.E, rng, ids, w, {});
+    const RandomLayerInput in = random_layer_input(s, pb, 5);
+    const std::vector<float>& x = in.x;
+    const ExpertParams& p = in.params;
+    const std::vector<int32_t>& ids = in.ids;
+    const std::vector<float>& w = in.w;
     const std::vector<int> bad_rows = {0, 7, pb.T - 1};
     std::vector<float> xbad = x, xzero = x;
     xbad[0 * pb.H + 5] = NAN;
