@@ -144,4 +144,4 @@ fi
 echo
 echo "$TEST_SUMMARY"
 echo "$PY_SUMMARY"
-[ -n "$TABLE" ] && echo "$TABLE"
+if [ -n "$TABLE" ]; then echo "$TABLE"; fi  # (exit 0 when the bench is skipped)
