@@ -29,7 +29,7 @@ mkdir -p "$OUTDIR"
 
 # The base tree: a copy without build outputs, the patch reverse-applied (checked first).
 tar -C "$ROOT" --exclude='./build*' --exclude='./.git' -cf - . | tar -C "$BASE" -xf -
-for d in build-deps build-conformance; do [ -d "$ROOT/$d" ] && cp -r "$ROOT/$d" "$BASE/"; done
+for d in build-deps build-conformance; do if [ -d "$ROOT/$d" ]; then cp -r "$ROOT/$d" "$BASE/"; fi; done
 (cd "$BASE" && patch --dry-run -s -R -p1 <"$PATCH" >/dev/null) || { echo "gpu_ab: $PATCH does not reverse-apply to this tree"; exit 1; }
 (cd "$BASE" && patch -s -R -p1 <"$PATCH")
 same=1

@@ -17,7 +17,7 @@
 #   GPU_CHECK_OUT  where logs, bench_cuda.csv / .json / .svg go (default: $CUDA_BUILD/gpu-check)
 #   BUILD_TARGETS  the CMake targets to build (default: "test_cuda qmoe_cli bench_cuda" and the Python
 #                module where it can be built)
-#   EXTRA_CUDA_FLAGS  extra nvcc flags for an experiment build, e.g. "-DQMOE_EXP_FP4_WIDE_BUDGET_KB=80"
+#   EXTRA_CUDA_FLAGS  extra nvcc flags for an experiment build (CMAKE_CUDA_FLAGS)
 #   QMOE_DEPS    a prefix holding fmt / nlohmann_json / CLI11 / GTest / RE2 (usr/include, usr/lib/...),
 #                for machines without those packages and without network (default: build-deps/usr
 #                when it exists). Make one on a Debian/Ubuntu box with scripts/gpu_deps.sh.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/cuda_common.h"
 #include "cuda/frag_layout.h"
@@ -16,22 +17,20 @@
 
 namespace qmoe::cuda {
 
-// A global load the compiler issues where it stands (volatile asm: not sunk into the branch that
-// uses it), so that a run of them is in flight together; `on` predicates it (0, or −1 for int,
+// A 4-byte global load the compiler issues where it stands (volatile asm: not sunk into the
+// branch that uses it), so that a run of them is in flight together; `on` predicates it (`off`
 // when off), so a run is one basic block with no branch per load.
-__device__ __forceinline__ float ld_issue(const float* p, bool on) {
-  float v = 0.0f;
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.f32 %0, [%1];\n}\n"
-               : "+f"(v)
-               : "l"(p), "r"(static_cast<int>(on)));
-  return v;
-}
-__device__ __forceinline__ int ld_issue(const int* p, bool on) {
-  int v = -1;
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.s32 %0, [%1];\n}\n"
+template <class T>
+__device__ __forceinline__ T ld_issue(const T* p, bool on, T off) {
+  static_assert(sizeof(T) == 4, "32-bit loads");
+  uint32_t v;
+  memcpy(&v, &off, 4);
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.b32 %0, [%1];\n}\n"
                : "+r"(v)
                : "l"(p), "r"(static_cast<int>(on)));
-  return v;
+  T r;
+  memcpy(&r, &v, 4);
+  return r;
 }
 
 // ---- align ---------------------------------------------------------------------------------
@@ -55,9 +54,9 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
   for (int i0 = tid; i0 < a.TK; i0 += kAlignIlp * kAlignThreads) {
     int id[kAlignIlp], le[kAlignIlp];
 #pragma unroll
-    for (int q = 0; q < kAlignIlp; ++q) id[q] = ld_issue(a.topk_ids + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK);
+    for (int q = 0; q < kAlignIlp; ++q) id[q] = ld_issue(a.topk_ids + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK, -1);
 #pragma unroll
-    for (int q = 0; q < kAlignIlp; ++q) le[q] = ld_issue(a.expert_map + id[q], id[q] >= 0 && id[q] < a.E);
+    for (int q = 0; q < kAlignIlp; ++q) le[q] = ld_issue(a.expert_map + id[q], id[q] >= 0 && id[q] < a.E, -1);
 #pragma unroll
     for (int q = 0; q < kAlignIlp; ++q) {
       const int i = i0 + q * kAlignThreads;
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
     int le[kAlignIlp];
 #pragma unroll
     for (int q = 0; q < kAlignIlp; ++q)  // written by this thread above
-      le[q] = ld_issue(a.slot_local + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK);
+      le[q] = ld_issue(a.slot_local + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK, -1);
 #pragma unroll
     for (int q = 0; q < kAlignIlp; ++q)
       if (le[q] >= 0) a.sorted_slots[atomicAdd(&s_pos[le[q]], 1)] = i0 + q * kAlignThreads;
@@ -275,20 +274,24 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   // kActIlp elements per thread per round, their loads issued together (one row is one block: at
   // decode a handful of blocks stream whole rows, and one load per round trip left them
   // latency-bound). The sums keep the split order of the reference.
-  for (int j0 = threadIdx.x; j0 < I; j0 += kActIlp * blockDim.x) {
+  const int nthr = blockDim.x;
+  auto gate_at = [&](int j) { return p.interleaved ? 2 * j : j; };
+  auto up_at = [&](int j) { return p.interleaved ? 2 * j + 1 : I + j; };
+  for (int j0 = threadIdx.x; j0 < I; j0 += kActIlp * nthr) {
     float g[kActIlp], u[kActIlp], gv[kActIlp], uv[kActIlp];
 #pragma unroll
     for (int q = 0; q < kActIlp; ++q) g[q] = u[q] = 0.0f;
     for (int s = 0; s < ksplit; ++s) {
+      const float* ys = y + s * split_stride;
 #pragma unroll
       for (int q = 0; q < kActIlp; ++q) {  // all loads first (ld_issue), then the sums
-        const int j = j0 + q * static_cast<int>(blockDim.x);
-        gv[q] = ld_issue(y + s * split_stride + (p.interleaved ? 2 * j : j), j < I);
-        uv[q] = ld_issue(y + s * split_stride + (p.interleaved ? 2 * j + 1 : I + j), j < I);
+        const int j = j0 + q * nthr;
+        gv[q] = ld_issue(ys + gate_at(j), j < I, 0.0f);
+        uv[q] = ld_issue(ys + up_at(j), j < I, 0.0f);
       }
 #pragma unroll
       for (int q = 0; q < kActIlp; ++q) {
-        if (j0 + q * static_cast<int>(blockDim.x) < I) {
+        if (j0 + q * nthr < I) {
           g[q] += gv[q];
           u[q] += uv[q];
         }
@@ -296,11 +299,11 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
     }
 #pragma unroll
     for (int q = 0; q < kActIlp; ++q) {
-      const int j = j0 + q * blockDim.x;
+      const int j = j0 + q * nthr;
       if (j >= I) break;
       if (b) {
-        g[q] += b[p.interleaved ? 2 * j : j];
-        u[q] += b[p.interleaved ? 2 * j + 1 : I + j];
+        g[q] += b[gate_at(j)];
+        u[q] += b[up_at(j)];
       }
       sz[j] = act_fn(p, g[q], u[q]);
     }
@@ -349,12 +352,7 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 }
 
 // ---- combine ---------------------------------------------------------------------------------
-// One thread per output element (t, h); the token's K routes are staged in shared memory first,
-// then the K · ksplit partial loads of kCombineIlp routes at a time are issued together (at
-// decode the grid is a few blocks and each thread's loads were a chain of round trips). The sums
-// keep the reference order: per route the splits in order, plus the bias, then the weighted sum
-// over the routes in order.
-constexpr int kCombineIlp = 8;
+constexpr int kCombineIlp = 8;  // routes whose partial loads are in flight together
 
 // V consecutive floats at p (16-byte aligned for V = 4) by one predicated load (zeros when off).
 template <int V>
@@ -365,12 +363,15 @@ __device__ __forceinline__ void ld_issue_v(float (&x)[V], const float* p, bool o
                  : "+f"(x[0]), "+f"(x[1]), "+f"(x[2]), "+f"(x[3])
                  : "l"(p), "r"(static_cast<int>(on)));
   } else {
-    x[0] = ld_issue(p, on);
+    x[0] = ld_issue(p, on, 0.0f);
   }
 }
 
 // Each thread owns V consecutive outputs of one token row (V = 4 where H and the output allow
-// 16-byte accesses).
+// 16-byte accesses). The token's K routes are staged in shared memory first, then the K · ksplit
+// partial loads of kCombineIlp routes at a time are issued together (at decode the grid is a few
+// blocks and each thread's loads were a chain of round trips). The sums keep the reference order:
+// per route the splits in order, plus the bias, then the weighted sum over the routes in order.
 template <int V>
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                                const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
@@ -378,11 +379,11 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
   pdl_wait();  // launch.cuh
   pdl_trigger();
   extern __shared__ int s_route[];  // [K] local expert of the token's slots, then [K] routing weights
-  float* s_w = reinterpret_cast<float*>(s_route + K);
+  float* s_w = reinterpret_cast<float*>(s_route + K);  // (unused when the weight was applied on the input)
   const int t = blockIdx.y;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     s_route[k] = slot_local[t * K + k];
-    s_w[k] = on_input ? 1.0f : topk_w[t * K + k];
+    if (!on_input) s_w[k] = topk_w[t * K + k];
   }
   __syncthreads();
   const int h = (blockIdx.x * blockDim.x + threadIdx.x) * V;

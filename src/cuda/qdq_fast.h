@@ -19,10 +19,12 @@
 
 namespace qmoe::cuda {
 
-struct QdqFp4E2M1 { static constexpr int kMbits = 1, kEmin = 0; static constexpr float kMax = 6.0f; };
-struct QdqFp6E2M3 { static constexpr int kMbits = 3, kEmin = 0; static constexpr float kMax = 7.5f; };
-struct QdqFp6E3M2 { static constexpr int kMbits = 2, kEmin = -2; static constexpr float kMax = 28.0f; };
-struct QdqFp8E4M3 { static constexpr int kMbits = 3, kEmin = -6; static constexpr float kMax = 448.0f; };
+// The formats as formats.h's encoders see them: mantissa bits, the smallest normal exponent
+// (1 − bias), the largest value, and the MX element kind they are.
+struct QdqFp4E2M1 { static constexpr int kMbits = 1, kEmin = 0; static constexpr float kMax = kFp4Max; static constexpr MxElem kElem = MxElem::Fp4E2M1; };
+struct QdqFp6E2M3 { static constexpr int kMbits = 3, kEmin = 0; static constexpr float kMax = kFp6E2M3Max; static constexpr MxElem kElem = MxElem::Fp6E2M3; };
+struct QdqFp6E3M2 { static constexpr int kMbits = 2, kEmin = -2; static constexpr float kMax = kFp6E3M2Max; static constexpr MxElem kElem = MxElem::Fp6E3M2; };
+struct QdqFp8E4M3 { static constexpr int kMbits = 3, kEmin = -6; static constexpr float kMax = kFp8E4M3Max; static constexpr MxElem kElem = MxElem::Fp8E4M3; };
 
 // Correctly rounded fp32 add and multiply that the device compiler neither contracts into an FMA
 // nor reassociates.
@@ -47,7 +49,7 @@ QMOE_HD float exp2i(int n) {
 }
 
 // decode(encode(y)) of format F for any y; NaN gives +max (the FP4 / FP6 encoders' code for NaN;
-// the FP8 callers clamp to ±448 first, which maps NaN to −448 as the reference does).
+// FP8 goes through qdq_fp8_act below, whose clamp maps NaN to −448 as the reference does).
 template <class F>
 QMOE_HD float minifloat_qdq(float y) {
   if (!(fabsf(y) < 2.0f * F::kMax)) return (y != y || y > 0.0f) ? F::kMax : -F::kMax;
@@ -56,6 +58,12 @@ QMOE_HD float minifloat_qdq(float y) {
   const float c = bits_to_f32((static_cast<uint32_t>(ex - F::kMbits + 150) << 23) | 0x400000u);  // 1.5 · 2^(k+23)
   const float r = qdq_add(qdq_add(y, c), -c);
   return r > F::kMax ? F::kMax : (r < -F::kMax ? -F::kMax : r);
+}
+
+// fp8_e4m3_decode(fp8_quantize_act(x, inv_scale)): the clamp to ±448 (NaN → −448), then the
+// round trip.
+QMOE_HD float qdq_fp8_act(float x, float inv_scale) {
+  return minifloat_qdq<QdqFp8E4M3>(fminf(fmaxf(x * inv_scale, -kFp8E4M3Max), kFp8E4M3Max));
 }
 
 // One element of an MX block with shared exponent `shared` ∈ [−127, 127]: the value formats.h's

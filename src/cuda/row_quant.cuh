@@ -43,14 +43,14 @@ __device__ __forceinline__ float block_absmax(const float* v, int n, float* red)
 // MX quantize-dequantize of a row, one warp per 32-element block (shared exponent from formats.h,
 // elements through qdq_fast.h: bit-identical to mx_qdq_block).
 template <class F>
-__device__ __forceinline__ void mx_quantize_row(const float* v, int n, MxElem el, MxScaleMode mode, __nv_bfloat16* hi) {
+__device__ __forceinline__ void mx_quantize_row(const float* v, int n, MxScaleMode mode, __nv_bfloat16* hi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   const int nb = (n + kMxBlock - 1) / kMxBlock;
   for (int b = warp; b < nb; b += nw) {
     const int i = b * kMxBlock + lane;
     const float x = i < n ? v[i] : 0.0f;
     const float amax = warp_max(fabsf(x));
-    const int sh = mx_shared_exponent(amax, el, mode);
+    const int sh = mx_shared_exponent(amax, F::kElem, mode);
     if (i < n) hi[i] = __float2bfloat16_rn(mx_qdq<F>(x, sh));
   }
 }
@@ -69,9 +69,9 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         if (q.split) lo[i] = __float2bfloat16_rn(v[i] - __bfloat162float(h));
       }
       break;
-    case ActQuant::Mxfp4: mx_quantize_row<QdqFp4E2M1>(v, n, MxElem::Fp4E2M1, q.mx_mode, hi); break;
-    case ActQuant::Mxfp6E2M3: mx_quantize_row<QdqFp6E2M3>(v, n, MxElem::Fp6E2M3, q.mx_mode, hi); break;
-    case ActQuant::Mxfp6E3M2: mx_quantize_row<QdqFp6E3M2>(v, n, MxElem::Fp6E3M2, q.mx_mode, hi); break;
+    case ActQuant::Mxfp4: mx_quantize_row<QdqFp4E2M1>(v, n, q.mx_mode, hi); break;
+    case ActQuant::Mxfp6E2M3: mx_quantize_row<QdqFp6E2M3>(v, n, q.mx_mode, hi); break;
+    case ActQuant::Mxfp6E3M2: mx_quantize_row<QdqFp6E3M2>(v, n, q.mx_mode, hi); break;
     case ActQuant::Nvfp4: {
       const float gs = q.static_scale;
       const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
@@ -105,13 +105,11 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         s = fp8_tensor_scale(__uint_as_float(*q.tensor_amax));
       }
       const float inv = 1.0f / s;
-      // fp8_e4m3_decode(fp8_quantize_act(v, inv)): the clamp to ±448 (NaN → −448), then the round trip.
-      auto qdq = [inv](float x) { return minifloat_qdq<QdqFp8E4M3>(fminf(fmaxf(x * inv, -kFp8E4M3Max), kFp8E4M3Max)); };
       if (q.f16) {
         __half* h16 = static_cast<__half*>(o.a_hi) + row * o.stride;
-        for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq(v[i]));
+        for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq_fp8_act(v[i], inv));
       } else {
-        for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(qdq(v[i]));
+        for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(qdq_fp8_act(v[i], inv));
       }
       if (q.mode != ActQuant::Fp8Static && tid == 0) o.rowscale[row] = s;
       break;

@@ -12,11 +12,6 @@
 namespace qmoe::cuda {
 namespace {
 
-template <class Encode, class Decode>
-float reference_qdq(float y, Encode enc, Decode dec) {
-  return dec(enc(y));
-}
-
 // Values to try: every fp32 exponent field with mantissas 0, 1, all-ones, the grid's tie points
 // (a half-step bit alone and with the bit above it) and random ones; both signs; ±0, ±Inf, NaN.
 std::vector<float> probe_values(uint64_t seed) {
@@ -39,7 +34,7 @@ template <class F, class Encode, class Decode>
 void check_format(const char* name, Encode enc, Decode dec, bool nan_is_max) {
   int checked = 0;
   for (float y : probe_values(7)) {
-    const float want = y != y && nan_is_max ? F::kMax : reference_qdq(y, enc, dec);
+    const float want = y != y && nan_is_max ? F::kMax : dec(enc(y));
     const float got = minifloat_qdq<F>(y);
     ASSERT_TRUE(same_bits(got, want)) << name << ": y = " << y << " (bits 0x" << std::hex << f32_to_bits(y)
                                       << ") fast " << got << " reference " << want;
@@ -65,6 +60,17 @@ TEST(CudaQdqFast, Fp8E4M3MatchesEncodeDecodeOnClampedInputs) {
     const float want = fp8_e4m3_decode(fp8_e4m3_encode(c));
     const float got = minifloat_qdq<QdqFp8E4M3>(c);
     ASSERT_TRUE(same_bits(got, want)) << "e4m3: y = " << y << " fast " << got << " reference " << want;
+  }
+}
+
+// The FP8 activation path as row_quant.cuh calls it: scale, clamp (NaN → −448), round trip.
+TEST(CudaQdqFast, Fp8ActivationMatchesQuantizeAct) {
+  for (float inv : {1.0f, 0.37f, 1.0f / 448.0f, 3.0e4f}) {
+    for (float y : probe_values(13)) {
+      const float want = fp8_e4m3_decode(fp8_quantize_act(y, inv));
+      const float got = qdq_fp8_act(y, inv);
+      ASSERT_TRUE(same_bits(got, want)) << "y = " << y << " inv " << inv << " fast " << got << " reference " << want;
+    }
   }
 }
 
