@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "qmoe/config.h"
+#include "qmoe/cuda.h"
 #include "qmoe/formats.h"
 #include "qmoe/schemes.h"
 
@@ -50,7 +51,7 @@ enum class AFmt : int { Bf16, Bf16Split, Int8 };
 
 constexpr int kBW = 128;      // weight rows (GEMM output features) per CTA tile
 constexpr int kGemmThreads = 128;
-constexpr int kMaxSplit = 16;
+constexpr int kMaxSplit = kMaxKSplit;  // qmoe/cuda.h
 
 // Stored bytes of one row of K elements (K a multiple of 64 after padding).
 inline int64_t packed_row_bytes(WFmt f, int64_t k) {
@@ -113,7 +114,27 @@ struct GemmArgs {
   float* out = nullptr;             // [ksplit][TK][N]
   int N = 0, Npad = 0, TK = 0;
   int Kt = 0, kt_per_split = 0;
+  // The tile lists come from the kernel just before this one (launch_prep), not from two places
+  // before: read them only after pdl_wait (launch.cuh).
+  bool tiles_after_wait = false;
+  // GEMM2 of a decode step with the combine fused (mma.sync kernel only): the last CTA to finish
+  // a 128-column tile (arrival counter per tile) combines it for every token, as launch_combine
+  // would (combine.cuh, same bits), and re-arms the counter. Off when done is null.
+  struct FusedCombine {
+    int* done = nullptr;  // [Npad / 128] arrival counters, zero between calls
+    const int32_t* slot_local = nullptr;
+    const float* topk_w = nullptr;
+    const float* b2 = nullptr;
+    float* out = nullptr;
+    const int32_t* bad = nullptr;
+    int T = 0, K = 0;
+    bool on_input = false, accumulate = false;
+  } comb;
 };
+// Token counts up to which GEMM2 fuses the combine (one CTA per column tile walks the tokens in
+// turn: a few tokens only). QMOE_CUDA_FUSE_COMBINE=0 in the environment turns it off.
+constexpr int kFusedCombineMaxT = 4;
+bool fused_combine_enabled();
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().
@@ -178,6 +199,14 @@ void launch_absmax_input(const void* x, XType xt, int T, int H, const float* top
 // non-finite value; its quantized row is zeros and combine writes its output row as NaN.
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                         const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+// launch_align and launch_quant_input as one launch (T + 1 blocks): one kernel boundary fewer on
+// a decode step's critical path. The GEMM after it must read the tile lists after its pdl_wait
+// (GemmArgs::tiles_after_wait). Used for T < kFusedPrepMaxRows without a tensor-wide scale pass
+// (QMOE_CUDA_FUSE_PREP=0 in the environment turns it off).
+constexpr int kFusedPrepMaxRows = 512;
+void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
+                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+bool fused_prep_enabled();
 // GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
 // With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and
 // launch_quant_rows quantizes afterwards.

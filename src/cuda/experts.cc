@@ -110,6 +110,7 @@ struct CudaExperts::Impl {
   int max_T = 0, max_K = 0, cap_rows = 0;
   DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
   DevBuf bad;  // [max_T] token rows with non-finite hidden states (quant_input → combine)
+  DevBuf comb_done;  // [w2.Npad / 128] GEMM2's fused-combine arrival counters (GemmArgs::comb)
   // opt.wgmma and this build's wgmma kernels run on the device: resolved once at construction
   // (a device-properties query), not per launch.
   bool wgmma = false;
@@ -650,6 +651,7 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.tile_m0.alloc(sizeof(int32_t) * max_tiles);
   m.num_tiles.alloc(sizeof(int32_t));
   m.bad.alloc(sizeof(int32_t) * m.max_T);
+  m.comb_done.alloc(sizeof(int32_t) * (m.w2.Npad / kBW));
   const int eb = m.a_elem_bytes();
   const bool split = m.af == AFmt::Bf16Split;
   m.a1_hi.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad * eb);
@@ -707,10 +709,12 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   al.tile_expert = m.tile_expert.as<int32_t>();
   al.tile_m0 = m.tile_m0.as<int32_t>();
   al.num_tiles = m.num_tiles.as<int32_t>();
-  launch_align(al, s);
-
   unsigned* amax = m.amax.as<unsigned>();
   const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
+  // Decode without a tensor-wide input scale: align and the input quantization in one launch.
+  const bool fuse_prep = !dyn_tensor && T < kFusedPrepMaxRows && fused_prep_enabled();
+  if (!fuse_prep) launch_align(al, s);
+
   const bool rowscale = is_dyn_rowscale(sc.act);
   // A bf16 input is its own hi part: GEMM1 runs on one MMA (the lo part would be zeros).
   const AFmt af1 = (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
@@ -731,7 +735,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   }
   const int eb = m.a_elem_bytes();
   RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
-  launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  if (fuse_prep) launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  else launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
@@ -762,7 +767,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.kt_per_split = kps;
     return g;
   };
-  const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  g1.tiles_after_wait = fuse_prep;
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
@@ -770,11 +776,27 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
              dyn_tensor, m.zbuf.as<float>(), amax + 1, s);
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
-  const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  // A few tokens: GEMM2 combines (its 8- / 16-token tiles run on the mma.sync kernel).
+  const bool fuse_combine = T <= kFusedCombineMaxT && pl.bt <= 16 && fused_combine_enabled();
+  if (fuse_combine) {
+    GemmArgs::FusedCombine& c = g2.comb;
+    c.done = m.comb_done.as<int>();
+    c.slot_local = m.slot_local.as<int32_t>();
+    c.topk_w = d_topk_weights;
+    c.b2 = m.w2.bias.as<float>();
+    c.out = d_out;
+    c.bad = m.bad.as<int32_t>();
+    c.T = T;
+    c.K = K;
+    c.on_input = router_weight_on_input;
+    c.accumulate = accumulate;
+  }
   launch_gemm(m.wf, m.af, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
-  launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
-                 router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);
+  if (!fuse_combine)
+    launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
+                   router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);
 }
 
 void CudaExperts::run_host(const ExpertsArgs& a) const {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/combine.cuh"
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
 #include "cuda/frag_layout.h"
@@ -242,6 +243,38 @@ __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&ac
   }
 }
 
+// GemmArgs::comb: called by every thread of a CTA after its partials are stored (kGemmThreads =
+// kBW threads, one column each).
+__device__ __forceinline__ void fused_combine(const GemmArgs& a, int n0) {
+  static_assert(kGemmThreads == kBW, "one thread per column of the tile");
+  __shared__ int s_last;
+  __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int total = __ldcg(a.num_tiles) * static_cast<int>(gridDim.z);
+    s_last = atomicAdd(a.comb.done + blockIdx.y, 1) == total - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const GemmArgs::FusedCombine& c = a.comb;
+  const int H = a.N, K = c.K, h = n0 + static_cast<int>(threadIdx.x);
+  if (h < H) {
+    const int64_t split_stride = static_cast<int64_t>(c.T) * K * H;
+    for (int t = 0; t < c.T; ++t) {
+      const int32_t* route = c.slot_local + static_cast<int64_t>(t) * K;
+      const float* wt = c.topk_w + static_cast<int64_t>(t) * K;
+      float acc[1] = {};
+      const bool bad = __ldcg(c.bad + t) != 0;
+      if (!bad)
+        combine_sum<1>(acc, a.out + static_cast<int64_t>(t) * K * H + h, split_stride, static_cast<int>(gridDim.z), K,
+                       H, h, [&](int k) { return __ldcg(route + k); }, [&](int k) { return wt[k]; }, c.b2, c.on_input);
+      combine_store<1>(c.out + static_cast<int64_t>(t) * H + h, acc, bad, c.accumulate);
+    }
+  }
+  if (threadIdx.x == 0) c.done[blockIdx.y] = 0;  // re-armed for the next call (stream order)
+}
+
 template <WFmt WF, int BT, bool SPLIT>
 struct GemmCfg {
   using WT = WTraits<WF>;
@@ -278,7 +311,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
   const int tile = blockIdx.x;
   // align's outputs are complete when this grid starts (launch.cuh), so the tile and the weight
-  // prologue come before pdl_wait (L2 reads: nothing of this grid cached them).
+  // prologue come before pdl_wait (L2 reads: nothing of this grid cached them) — unless align ran
+  // in the kernel just before (launch_prep).
+  if (a.tiles_after_wait) pdl_wait();
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
@@ -312,9 +347,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   constexpr int kAChunks = BT * kAChunksRow;
   constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
   const uint8_t* wsrc = wbase + tid * 16;
-  auto load_w = [&](int buf, int kt) {  // weights and block scales of stage kt into buffer buf
+  const int64_t s_stride = static_cast<int64_t>(a.Npad) * WT::kScale;  // scale bytes per stage
+  // Weights and block scales of one stage (sources wk, sk) into buffer buf.
+  auto copy_w = [&](int buf, const uint8_t* wk, const uint8_t* sk) {
     uint8_t* st = smem + buf * C::kStageBytes;
-    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
 #pragma unroll
     for (int i = 0; i < kWPer; ++i) {
       const int c = tid + i * kGemmThreads;
@@ -323,9 +359,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
     if constexpr (WT::kScale > 0) {
       static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
-      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
-      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, src + tid * 16);
+      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, sk + tid * 16);
     }
+  };
+  auto load_w = [&](int buf, int kt) {  // stage kt
+    copy_w(buf, wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw), WT::kScale > 0 ? sbase + kt * s_stride : nullptr);
   };
   // Weight prologue (one cp.async group), then wait for the producer of the activations. The
   // main loop's wait_group count is unchanged: stage 0 completes with this group and its own.
@@ -360,9 +398,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
     for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i], a_need[i]);
   }
-  auto load_a = [&](int buf, int kt) {  // the tile's activation rows of stage kt
+  auto copy_a = [&](int buf, int64_t koff) {  // the tile's activation rows at byte offset koff
     uint8_t* adst = smem + buf * C::kStageBytes + C::kWStage + C::kSStage;
-    const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
 #pragma unroll(kAReg ? kAPer : 2)
     for (int i = 0; i < kAPer; ++i) {
       if (kAChunks % kGemmThreads != 0 && tid + i * kGemmThreads >= kAChunks) break;
@@ -392,23 +429,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nk) load_a(s, kt0 + s);
+    if (s < nk) copy_a(s, static_cast<int64_t>(kt0 + s) * C::kARaw);
     cp_async_commit();
   }
 
   const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
-  for (int it = 0; it < nk; ++it) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    {
-      const int nx = it + C::kStages - 1;
-      if (nx < nk) {
-        load_w(nx % C::kStages, kt0 + nx);
-        load_a(nx % C::kStages, kt0 + nx);
-      }
-      cp_async_commit();
-    }
-    const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
+  // MMAs of the stage in buffer buf.
+  auto compute = [&](int buf) {
+    const uint8_t* st = smem + buf * C::kStageBytes;
     const uint8_t* at = st + C::kWStage + C::kSStage;
     F wsrc_f;
     wsrc_f.load(st, st + C::kWStage, warp, lane);
@@ -445,9 +473,38 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         }
       }
     }
+  };
+
+  // The main loop, unrolled by the stage count: the buffer of each step is a compile-time
+  // constant, so the shared-memory addresses of the copies and reads are immediates (the rolled
+  // loop spent ~50 of its ~375 instructions per FP4 stage recomputing them). Global sources
+  // advance by a fixed stride per stage.
+  const uint8_t* w_next = wsrc + static_cast<int64_t>(kt0 + C::kStages - 1) * (kBW * WT::kRaw);
+  const uint8_t* s_next = nullptr;
+  if constexpr (WT::kScale > 0) s_next = sbase + static_cast<int64_t>(kt0 + C::kStages - 1) * a.Npad * WT::kScale;
+  int64_t a_koff = static_cast<int64_t>(kt0 + C::kStages - 1) * C::kARaw;
+  for (int it0 = 0; it0 < nk; it0 += C::kStages) {
+#pragma unroll
+    for (int sb = 0; sb < C::kStages; ++sb) {
+      const int it = it0 + sb;
+      if (it >= nk) break;
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();
+      if (it + C::kStages - 1 < nk) {
+        const int nb = (sb + C::kStages - 1) % C::kStages;
+        copy_w(nb, w_next, s_next);
+        copy_a(nb, a_koff);
+      }
+      cp_async_commit();
+      w_next += kBW * WT::kRaw;
+      if constexpr (WT::kScale > 0) s_next += s_stride;
+      a_koff += C::kARaw;
+      compute(sb);
+    }
   }
   cp_async_wait<0>();
   store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+  if (a.comb.done) fused_combine(a, n0);
 }
 
 template <WFmt WF, int BT, bool SPLIT>

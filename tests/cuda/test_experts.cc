@@ -402,19 +402,23 @@ TEST_P(CudaExpertsEdge, UnalignedOutputMatchesAligned) {
 TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
+  // T = 40: the separate align / combine kernels; T = 4: align fused with the input quantization and
+  // the combine fused into GEMM2 (kFusedCombineMaxT).
+  for (const int T : {40, 4})
   for (const bool on_input : {false, true}) {
     Problem pb;
-    pb.T = 40;
+    pb.T = T;
     pb.K = on_input ? 1 : 2;
     const RandomLayerInput in = random_layer_input(s, pb, 5);
     const std::vector<float>& x = in.x;
     const ExpertParams& p = in.params;
     const std::vector<int32_t>& ids = in.ids;
     const std::vector<float>& w = in.w;
-    const std::vector<int> bad_rows = {0, 7, pb.T - 1};
+    const int mid = pb.T > 8 ? 7 : 1;
+    const std::vector<int> bad_rows = {0, mid, pb.T - 1};
     std::vector<float> xbad = x, xzero = x;
     xbad[0 * pb.H + 5] = NAN;
-    xbad[7 * pb.H + 0] = INFINITY;
+    xbad[static_cast<size_t>(mid) * pb.H + 0] = INFINITY;
     xbad[static_cast<size_t>(pb.T) * pb.H - 1] = -INFINITY;
     for (int t : bad_rows) std::fill_n(xzero.begin() + static_cast<size_t>(t) * pb.H, pb.H, 0.0f);
     CudaExperts ce(p, {});
@@ -441,7 +445,8 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
       std::vector<float> a(n), b(n);
       ASSERT_EQ(cudaMemcpy(a.data(), da, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(b.data(), db, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      const std::string what = std::string(GetParam()) + (on_input ? " on_input" : "") + (acc ? " accumulate" : "");
+      const std::string what = std::string(GetParam()) + " T=" + std::to_string(pb.T) + (on_input ? " on_input" : "") +
+                               (acc ? " accumulate" : "");
       for (int t = 0; t < pb.T; ++t) {
         const bool is_bad = std::find(bad_rows.begin(), bad_rows.end(), t) != bad_rows.end();
         const float* ra = a.data() + static_cast<size_t>(t) * pb.H;
@@ -458,6 +463,27 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
                     static_cast<void*>(db)})
       cudaFree(q);
   }
+}
+// A few tokens: GEMM2 combines in its last CTA per column tile (kFusedCombineMaxT) — written and
+// accumulated, weights after and on the input, K splits, run twice bit-identically.
+TEST_P(CudaExpertsEdge, FewTokensFusedCombine) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  for (int T : {2, 3, 4})
+    for (int ks : {0, 3}) {
+      Problem pb;
+      pb.T = T;
+      CudaOptions o;
+      o.ksplit = ks;
+      const std::string what = "T=" + std::to_string(T) + " ksplit " + std::to_string(ks);
+      const Result a = run_problem(s, pb, o), b = run_problem(s, pb, o);
+      expect_exact(s, a, pb.T, what);
+      EXPECT_EQ(0, std::memcmp(a.gpu.data(), b.gpu.data(), a.gpu.size() * sizeof(float))) << what;
+      expect_exact(s, run_problem(s, pb, o, /*prefill=*/true), pb.T, what + " accumulate");
+      pb.K = 1;
+      pb.on_input = true;
+      expect_exact(s, run_problem(s, pb, o), pb.T, what + " router weight on input");
+    }
 }
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
