@@ -234,18 +234,12 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
 }
 
 bool fused_combine_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("QMOE_CUDA_FUSE_COMBINE");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("QMOE_CUDA_FUSE_COMBINE");
   return on;
 }
 
 bool fused_prep_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("QMOE_CUDA_FUSE_PREP");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("QMOE_CUDA_FUSE_PREP");
   return on;
 }
 
