@@ -17,6 +17,14 @@ __device__ __forceinline__ uint32_t bf16x2_mul_bits(uint32_t v, uint32_t m) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+// v · (half h of m, in both lanes): the multiplier of a scale pair (fp4_scale_pair_bf16x2);
+// ptxas turns the broadcast into an operand swizzle of the HMUL2.
+__device__ __forceinline__ uint32_t bf16x2_mul_half_bits(uint32_t v, uint32_t m, int h) {
+  const __nv_bfloat162 mm = *reinterpret_cast<const __nv_bfloat162*>(&m);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), h ? __high2bfloat162(mm) : __low2bfloat162(mm));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
 // Two e4m3 codes (low 16 bits; the low byte becomes the low half) → fp16x2, by
 // cvt.rn.f16x2.e4m3x2.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {

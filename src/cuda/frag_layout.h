@@ -128,4 +128,20 @@ QMOE_HD uint32_t fp4_scale_bf16x2(uint32_t word, int i) {
   else return x << 7;
 }
 
+// The multipliers of two kernel scale bytes of a word in the two halves of one bf16x2: pair 0 holds
+// bytes 0 (low half) and 2 (high), pair 1 bytes 1 and 3; byte i's multiplier (fp4_scale_bf16x2(word,
+// i), both halves) is half i / 2 of pair i % 2. Two integer operations per pair (MX; three for NVFP4)
+// where fp4_scale_bf16x2 takes two per byte; the GEMM multiplies by one half of a pair (a
+// half-broadcast operand of HMUL2).
+template <bool kNvfp4>
+QMOE_HD uint32_t fp4_scale_pair_bf16x2(uint32_t word, int pair) {
+  if constexpr (kNvfp4) {
+    // byte ≤ 143 (nvfp4_scale_byte): (byte << 4) + (236 << 7) < 2^15 stays inside its half.
+    const uint32_t x = pair == 0 ? (word & 0x00FF00FFu) << 4 : (word >> 4) & 0x0FF00FF0u;
+    return x + ((kNvfp4ScaleBase << 7) | (kNvfp4ScaleBase << 23));
+  } else {
+    return pair == 0 ? (word << 7) & 0x7F807F80u : (word >> 1) & 0x7F807F80u;
+  }
+}
+
 }  // namespace qmoe::cuda

@@ -186,17 +186,18 @@ struct AFrag {
       }
     } else if constexpr (WT::kRegDecode) {
       const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block
+      const int pair = blk % 2, half = (blk % 4) / 2;  // its multiplier: fp4_scale_pair_bf16x2
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
-        const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
+        const uint32_t m0 = fp4_scale_pair_bf16x2<kNv>(sw[mt][0][blk / 4], pair);
+        const uint32_t m1 = fp4_scale_pair_bf16x2<kNv>(sw[mt][1][blk / 4], pair);
         uint32_t o[4];
         if constexpr (kFp6) fp6_frag_decode<WF == WFmt::MXFP6_E3M2>(wv[mt * 8 + kk], w2[kk], mt, o);
         else fp4_frag_decode(wv[mt * 8 + kk], o);  // value · 2^−126 (E3M2: 2^−124), exact
-        af[mt][0] = bf16x2_mul_bits(o[0], m0);
-        af[mt][1] = bf16x2_mul_bits(o[1], m1);
-        af[mt][2] = bf16x2_mul_bits(o[2], m0);
-        af[mt][3] = bf16x2_mul_bits(o[3], m1);
+        af[mt][0] = bf16x2_mul_half_bits(o[0], m0, half);
+        af[mt][1] = bf16x2_mul_half_bits(o[1], m1, half);
+        af[mt][2] = bf16x2_mul_half_bits(o[2], m0, half);
+        af[mt][3] = bf16x2_mul_half_bits(o[3], m1, half);
       }
     } else {  // BF16 (k16 · 2 bytes) and INT8 (k32 · 1 byte): 32 bytes per k step
 #pragma unroll
@@ -244,8 +245,9 @@ __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&ac
 }
 
 // GemmArgs::comb: called by every thread of a CTA after its partials are stored (kGemmThreads =
-// kBW threads, one column each).
-__device__ __forceinline__ void fused_combine(const GemmArgs& a, int n0) {
+// kBW threads, one column each). Not inlined: inlined, its registers changed the main loop's
+// allocation (+60 instructions per FP4 stage in the SASS).
+static __device__ __noinline__ void fused_combine(const GemmArgs& a, int n0) {
   static_assert(kGemmThreads == kBW, "one thread per column of the tile");
   __shared__ int s_last;
   __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself
