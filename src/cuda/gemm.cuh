@@ -245,8 +245,9 @@ __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&ac
 }
 
 // GemmArgs::comb: called by every thread of a CTA after its partials are stored (kGemmThreads =
-// kBW threads, one column each). Not inlined: inlined, its registers changed the main loop's
-// allocation (+60 instructions per FP4 stage in the SASS).
+// kBW threads, one column each), in its own instantiation of gemm_kernel (kComb) and not inlined:
+// inlined, it changed the main loop's register allocation (MXFP4, 8 tokens: 365 instructions per
+// stage without it, 422 with it inlined, ~374 as a call).
 static __device__ __noinline__ void fused_combine(const GemmArgs& a, int n0) {
   static_assert(kGemmThreads == kBW, "one thread per column of the tile");
   __shared__ int s_last;
@@ -300,7 +301,7 @@ struct GemmCfg {
   static_assert(kWStage % 16 == 0 && kSStage % 16 == 0 && kAStage % 16 == 0, "16-byte aligned stages");
 };
 
-template <WFmt WF, int BT, bool SPLIT>
+template <WFmt WF, int BT, bool SPLIT, bool kComb = false>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   using C = GemmCfg<WF, BT, SPLIT>;
   using WT = typename C::WT;
@@ -477,47 +478,45 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
   };
 
-  // The main loop, unrolled by the stage count: the buffer of each step is a compile-time
-  // constant, so the shared-memory addresses of the copies and reads are immediates (the rolled
-  // loop spent ~50 of its ~375 instructions per FP4 stage recomputing them). Global sources
-  // advance by a fixed stride per stage.
-  const uint8_t* w_next = wsrc + static_cast<int64_t>(kt0 + C::kStages - 1) * (kBW * WT::kRaw);
-  const uint8_t* s_next = nullptr;
-  if constexpr (WT::kScale > 0) s_next = sbase + static_cast<int64_t>(kt0 + C::kStages - 1) * a.Npad * WT::kScale;
-  int64_t a_koff = static_cast<int64_t>(kt0 + C::kStages - 1) * C::kARaw;
-  for (int it0 = 0; it0 < nk; it0 += C::kStages) {
-#pragma unroll
-    for (int sb = 0; sb < C::kStages; ++sb) {
-      const int it = it0 + sb;
-      if (it >= nk) break;
-      cp_async_wait<C::kStages - 2>();
-      __syncthreads();
-      if (it + C::kStages - 1 < nk) {
-        const int nb = (sb + C::kStages - 1) % C::kStages;
-        copy_w(nb, w_next, s_next);
-        copy_a(nb, a_koff);
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    {
+      const int nx = it + C::kStages - 1;
+      if (nx < nk) {
+        load_w(nx % C::kStages, kt0 + nx);
+        copy_a(nx % C::kStages, static_cast<int64_t>(kt0 + nx) * C::kARaw);
       }
       cp_async_commit();
-      w_next += kBW * WT::kRaw;
-      if constexpr (WT::kScale > 0) s_next += s_stride;
-      a_koff += C::kARaw;
-      compute(sb);
     }
+    compute(it % C::kStages);
   }
   cp_async_wait<0>();
   store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
-  if (a.comb.done) fused_combine(a, n0);
+  if constexpr (kComb) fused_combine(a, n0);
 }
 
-template <WFmt WF, int BT, bool SPLIT>
-void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+template <WFmt WF, int BT, bool SPLIT, bool kComb = false>
+void launch_gemm_k(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = GemmCfg<WF, BT, SPLIT>;
   static const bool configured = [] {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT, kComb>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)configured;
-  launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
+  launch_pdl(gemm_kernel<WF, BT, SPLIT, kComb>, grid, kGemmThreads, C::kSmem, s, a);
+}
+// The mma.sync kernel, with GEMM2's fused combine where the caller asks for it (8- and 16-token
+// tiles only: GemmArgs::comb).
+template <WFmt WF, int BT, bool SPLIT>
+void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  if constexpr (BT <= 16) {
+    if (a.comb.done) {
+      launch_gemm_k<WF, BT, SPLIT, true>(a, grid, s);
+      return;
+    }
+  }
+  launch_gemm_k<WF, BT, SPLIT>(a, grid, s);
 }
 
 }  // namespace qmoe::cuda

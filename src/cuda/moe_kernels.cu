@@ -228,8 +228,19 @@ template <XType X>
 void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float* topk_w, int K, bool on_input,
                    const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
+  // align's static shared memory (~41 KB: kMaxLocalExperts counters, the scan) and the row's
+  // dynamic part together pass the 48 KB default from H ≈ 1800: opt in for the dynamic part
+  // whenever the sum does (mixtral's H = 4096 failed to launch without it).
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes fa{};
+    QMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, prep_kernel<X>));
+    return fa.sharedSizeBytes;
+  }();
   static std::atomic<size_t> cfg{0};
-  set_smem(reinterpret_cast<const void*>(prep_kernel<X>), smem, cfg);
+  if (static_bytes + smem > 48 * 1024 && smem > cfg.load()) {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<X>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    cfg = smem;
+  }
   launch_pdl(prep_kernel<X>, T + 1, kAlignThreads, smem, s, al, x, H, topk_w, K, on_input, q, out, bad);
 }
 

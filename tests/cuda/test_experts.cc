@@ -508,6 +508,23 @@ TEST(CudaExperts, LargerPrefill) {
   }
 }
 
+// ---- decode at a model's hidden size --------------------------------------------------------------
+// The fused prep kernel's shared memory (align's static arrays + the row) passes the 48 KB default
+// from H ≈ 1800: mixtral's and deepseek's H, a few tokens (prep and combine fused), and 40 tokens.
+TEST(CudaExperts, DecodeAtModelHiddenSizes) {
+  SKIP_WITHOUT_GPU();
+  for (const char* n : {"w_mxfp4_a_mxfp4", "unquantized"})
+    for (int H : {4096, 7168})
+      for (int T : {1, 3, 40}) {
+        const SchemeInfo& s = scheme_by_name(n);
+        Problem pb;
+        pb.T = T;
+        pb.H = H;
+        pb.I = 128;
+        expect_exact(s, run_problem(s, pb), pb.T, std::string(n) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+      }
+}
+
 // ---- 32-, 64- and 128-token tiles on both kernels (wgmma on Hopper, mma.sync), every scheme -------
 // Ragged tiles (~150 tokens per expert: full and partial tiles of every size), an odd number of
 // 128-row weight tiles in both GEMMs (N = 640 and 576: the wgmma kernel's second warpgroup idles
