@@ -24,6 +24,7 @@
 #include <random>
 #include <string>
 
+#include "dev_buffer.h"
 #include "params_builder.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
@@ -365,36 +366,26 @@ TEST_P(CudaExpertsEdge, UnalignedOutputMatchesAligned) {
   CudaExperts ce(in.params, {});
   ce.reserve(pb.T, pb.K);
   const size_t n = x.size();
-  void *dx = nullptr, *dids = nullptr, *dw = nullptr, *da = nullptr, *db = nullptr;
-  ASSERT_EQ(cudaMalloc(&dx, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dids, ids.size() * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&db, (n + 1) * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  float* out_a = static_cast<float*>(da);
-  float* out_b = static_cast<float*>(db) + 1;  // 4 bytes past a 16-byte boundary
+  const Dev dx(n * 4), dids(ids.size() * 4), dw(w.size() * 4), da(n * 4), db((n + 1) * 4);
+  ASSERT_NO_FATAL_FAILURE(put(dx, x));
+  ASSERT_NO_FATAL_FAILURE(put(dids, ids));
+  ASSERT_NO_FATAL_FAILURE(put(dw, w));
+  float* out_a = da.as<float>();
+  float* out_b = db.as<float>() + 1;  // 4 bytes past a 16-byte boundary
   std::vector<float> init(n);
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& v : init) v = nd(rng);
   for (const bool acc : {false, true}) {
-    ASSERT_EQ(cudaMemcpy(out_a, init.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(out_b, init.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ce.run_device(static_cast<const float*>(dx), pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
-                  out_a, false, acc, nullptr);
-    ce.run_device(static_cast<const float*>(dx), pb.T, pb.K, static_cast<int32_t*>(dids), static_cast<float*>(dw),
-                  out_b, false, acc, nullptr);
+    ASSERT_NO_FATAL_FAILURE(put(out_a, init));
+    ASSERT_NO_FATAL_FAILURE(put(out_b, init));
+    ce.run_device(dx.as<float>(), pb.T, pb.K, dids.as<int32_t>(), dw.as<float>(), out_a, false, acc, nullptr);
+    ce.run_device(dx.as<float>(), pb.T, pb.K, dids.as<int32_t>(), dw.as<float>(), out_b, false, acc, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> a(n), b(n);
-    ASSERT_EQ(cudaMemcpy(a.data(), out_a, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(b.data(), out_b, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    const std::vector<float> a = get<float>(out_a, n), b = get<float>(out_b, n);
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << GetParam() << " accumulate " << acc;
     EXPECT_NE(0, std::memcmp(a.data(), init.data(), n * 4)) << "the output was written";
   }
-  for (void* q : {dx, dids, dw, da, db}) cudaFree(q);
 }
 // Non-finite hidden states on the unchecked device path (docs/DECISIONS.md): the affected tokens'
 // rows are NaN, every other row is bit-identical to the run with those rows zeroed; both with
@@ -424,27 +415,19 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
     CudaExperts ce(p, {});
     ce.reserve(pb.T, pb.K);
     const size_t n = x.size();
-    float *dx = nullptr, *dw = nullptr, *da = nullptr, *db = nullptr;
-    int32_t* dids = nullptr;
-    ASSERT_EQ(cudaMalloc(&dx, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dids, ids.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dw, w.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&db, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const Dev dx(n * 4), dids(ids.size() * 4), dw(w.size() * 4), da(n * 4), db(n * 4);
+    ASSERT_NO_FATAL_FAILURE(put(dids, ids));
+    ASSERT_NO_FATAL_FAILURE(put(dw, w));
     for (const bool acc : {false, true}) {
-      ASSERT_EQ(cudaMemset(da, 0, n * 4), cudaSuccess);
-      ASSERT_EQ(cudaMemset(db, 0, n * 4), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dx, xbad.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ce.run_device(dx, pb.T, pb.K, dids, dw, da, on_input, acc, nullptr);
+      ASSERT_EQ(cudaMemset(da.p, 0, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(db.p, 0, n * 4), cudaSuccess);
+      ASSERT_NO_FATAL_FAILURE(put(dx, xbad));
+      ce.run_device(dx.as<float>(), pb.T, pb.K, dids.as<int32_t>(), dw.as<float>(), da.as<float>(), on_input, acc, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dx, xzero.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ce.run_device(dx, pb.T, pb.K, dids, dw, db, on_input, acc, nullptr);
+      ASSERT_NO_FATAL_FAILURE(put(dx, xzero));
+      ce.run_device(dx.as<float>(), pb.T, pb.K, dids.as<int32_t>(), dw.as<float>(), db.as<float>(), on_input, acc, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> a(n), b(n);
-      ASSERT_EQ(cudaMemcpy(a.data(), da, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(b.data(), db, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      const std::vector<float> a = get<float>(da, n), b = get<float>(db, n);
       const std::string what = std::string(GetParam()) + " T=" + std::to_string(pb.T) + (on_input ? " on_input" : "") +
                                (acc ? " accumulate" : "");
       for (int t = 0; t < pb.T; ++t) {
@@ -459,9 +442,6 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
         }
       }
     }
-    for (void* q : {static_cast<void*>(dx), static_cast<void*>(dids), static_cast<void*>(dw), static_cast<void*>(da),
-                    static_cast<void*>(db)})
-      cudaFree(q);
   }
 }
 // A few tokens: GEMM2 combines in its last CTA per column tile (kFusedCombineMaxT) — written and

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "dev_buffer.h"
 #include "params_builder.h"
 #include "qmoe/cuda.h"
 #include "qmoe/error.h"
@@ -43,25 +44,6 @@ constexpr double kWeightRel = 4e-6;
 
 #define SKIP_WITHOUT_GPU() \
   if (!qmoe::cuda::available()) GTEST_SKIP() << "no CUDA device"
-
-// A device buffer freed on scope exit.
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(bytes, 1)), cudaSuccess); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(p); }
-};
-template <class T> void put(const Dev& d, const std::vector<T>& v) {
-  ASSERT_EQ(cudaMemcpy(d.p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // a pageable copy may still be in flight for other streams
-}
-template <class T> std::vector<T> get(const Dev& d, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), d.p, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 struct DevOut {
   std::vector<float> out, w;
