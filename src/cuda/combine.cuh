@@ -1,8 +1,8 @@
-// The combine arithmetic, once for its two users: combine_kernel (moe_kernels.cu) and GEMM2's
-// fused epilogue at decode (gemm.cuh, GemmArgs::comb): out[t][h] (+)= Σ_k w[t,k] · (Σ_split
+// The combine arithmetic of combine_kernel (moe_kernels.cu): out[t][h] (+)= Σ_k w[t,k] · (Σ_split
 // y2p[split][t·K+k][h] + b2[e_k][h]) over the token's local routes, in the reference order — per
-// route the splits in order, plus the bias, then the weighted sum over the routes in order — so
-// both paths give the same bits.
+// route the splits in order, plus the bias, then the weighted sum over the routes in order. (A
+// combine fused into GEMM2's last CTA per column tile was built on these helpers and measured
+// slower at 1–4 tokens: bench/RESULTS.md, 2026-12-03.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +29,7 @@ __device__ __forceinline__ T ld_issue(const T* p, bool on, T off) {
 }
 
 // V consecutive floats at p (16-byte aligned for V = 4) by one predicated load (zeros when off),
-// from L2 (.cg: the partials were written by other SMs in the fused epilogue).
+// from L2 (.cg: the partials were written by the GEMM kernel before, on other SMs).
 template <int V>
 __device__ __forceinline__ void ld_partial(float (&x)[V], const float* p, bool on) {
   if constexpr (V == 4) {

@@ -117,24 +117,7 @@ struct GemmArgs {
   // The tile lists come from the kernel just before this one (launch_prep), not from two places
   // before: read them only after pdl_wait (launch.cuh).
   bool tiles_after_wait = false;
-  // GEMM2 of a decode step with the combine fused (mma.sync kernel only): the last CTA to finish
-  // a 128-column tile (arrival counter per tile) combines it for every token, as launch_combine
-  // would (combine.cuh, same bits), and re-arms the counter. Off when done is null.
-  struct FusedCombine {
-    int* done = nullptr;  // [Npad / 128] arrival counters, zero between calls
-    const int32_t* slot_local = nullptr;
-    const float* topk_w = nullptr;
-    const float* b2 = nullptr;
-    float* out = nullptr;
-    const int32_t* bad = nullptr;
-    int T = 0, K = 0;
-    bool on_input = false, accumulate = false;
-  } comb;
 };
-// Token counts up to which GEMM2 fuses the combine (one CTA per column tile walks the tokens in
-// turn: a few tokens only). QMOE_CUDA_FUSE_COMBINE=0 in the environment turns it off.
-constexpr int kFusedCombineMaxT = 4;
-bool fused_combine_enabled();
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().

@@ -110,7 +110,6 @@ struct CudaExperts::Impl {
   int max_T = 0, max_K = 0, cap_rows = 0;
   DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
   DevBuf bad;  // [max_T] token rows with non-finite hidden states (quant_input → combine)
-  DevBuf comb_done;  // [w2.Npad / 128] GEMM2's fused-combine arrival counters (GemmArgs::comb)
   // opt.wgmma and this build's wgmma kernels run on the device: resolved once at construction
   // (a device-properties query), not per launch.
   bool wgmma = false;
@@ -651,7 +650,6 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.tile_m0.alloc(sizeof(int32_t) * max_tiles);
   m.num_tiles.alloc(sizeof(int32_t));
   m.bad.alloc(sizeof(int32_t) * m.max_T);
-  m.comb_done.alloc(sizeof(int32_t) * (m.w2.Npad / kBW));
   const int eb = m.a_elem_bytes();
   const bool split = m.af == AFmt::Bf16Split;
   m.a1_hi.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad * eb);
@@ -776,27 +774,11 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
              dyn_tensor, m.zbuf.as<float>(), amax + 1, s);
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
-  GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
-  // A few tokens: GEMM2 combines (its 8- / 16-token tiles run on the mma.sync kernel).
-  const bool fuse_combine = T <= kFusedCombineMaxT && pl.bt <= 16 && fused_combine_enabled();
-  if (fuse_combine) {
-    GemmArgs::FusedCombine& c = g2.comb;
-    c.done = m.comb_done.as<int>();
-    c.slot_local = m.slot_local.as<int32_t>();
-    c.topk_w = d_topk_weights;
-    c.b2 = m.w2.bias.as<float>();
-    c.out = d_out;
-    c.bad = m.bad.as<int32_t>();
-    c.T = T;
-    c.K = K;
-    c.on_input = router_weight_on_input;
-    c.accumulate = accumulate;
-  }
+  const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
   launch_gemm(m.wf, m.af, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
-  if (!fuse_combine)
-    launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
-                   router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);
+  launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
+                 router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);
 }
 
 void CudaExperts::run_host(const ExpertsArgs& a) const {

@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/combine.cuh"
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
 #include "cuda/frag_layout.h"
@@ -244,40 +243,6 @@ __device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&ac
   }
 }
 
-// GemmArgs::comb: called by every thread of a CTA after its partials are stored (kGemmThreads =
-// kBW threads, one column each), in its own instantiation of gemm_kernel (kComb) and not inlined:
-// inlined, it changed the main loop's register allocation (MXFP4, 8 tokens: 365 instructions per
-// stage without it, 422 with it inlined, ~374 as a call).
-static __device__ __noinline__ void fused_combine(const GemmArgs& a, int n0) {
-  static_assert(kGemmThreads == kBW, "one thread per column of the tile");
-  __shared__ int s_last;
-  __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int total = __ldcg(a.num_tiles) * static_cast<int>(gridDim.z);
-    s_last = atomicAdd(a.comb.done + blockIdx.y, 1) == total - 1;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const GemmArgs::FusedCombine& c = a.comb;
-  const int H = a.N, K = c.K, h = n0 + static_cast<int>(threadIdx.x);
-  if (h < H) {
-    const int64_t split_stride = static_cast<int64_t>(c.T) * K * H;
-    for (int t = 0; t < c.T; ++t) {
-      const int32_t* route = c.slot_local + static_cast<int64_t>(t) * K;
-      const float* wt = c.topk_w + static_cast<int64_t>(t) * K;
-      float acc[1] = {};
-      const bool bad = __ldcg(c.bad + t) != 0;
-      if (!bad)
-        combine_sum<1>(acc, a.out + static_cast<int64_t>(t) * K * H + h, split_stride, static_cast<int>(gridDim.z), K,
-                       H, h, [&](int k) { return __ldcg(route + k); }, [&](int k) { return wt[k]; }, c.b2, c.on_input);
-      combine_store<1>(c.out + static_cast<int64_t>(t) * H + h, acc, bad, c.accumulate);
-    }
-  }
-  if (threadIdx.x == 0) c.done[blockIdx.y] = 0;  // re-armed for the next call (stream order)
-}
-
 template <WFmt WF, int BT, bool SPLIT>
 struct GemmCfg {
   using WT = WTraits<WF>;
@@ -301,7 +266,7 @@ struct GemmCfg {
   static_assert(kWStage % 16 == 0 && kSStage % 16 == 0 && kAStage % 16 == 0, "16-byte aligned stages");
 };
 
-template <WFmt WF, int BT, bool SPLIT, bool kComb = false>
+template <WFmt WF, int BT, bool SPLIT>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   using C = GemmCfg<WF, BT, SPLIT>;
   using WT = typename C::WT;
@@ -351,28 +316,38 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
   const uint8_t* wsrc = wbase + tid * 16;
   const int64_t s_stride = static_cast<int64_t>(a.Npad) * WT::kScale;  // scale bytes per stage
-  // Weights and block scales of one stage (sources wk, sk) into buffer buf.
-  auto copy_w = [&](int buf, const uint8_t* wk, const uint8_t* sk) {
-    uint8_t* st = smem + buf * C::kStageBytes;
-#pragma unroll
-    for (int i = 0; i < kWPer; ++i) {
+  // This thread's weight chunk i lands at w_dst0 + i · (rows per chunk round) · kStride when the
+  // chunks of a row divide the CTA (all but FP6): one register and immediate offsets.
+  const int w_dst0 = (tid / kWChunksRow) * WT::kStride + (tid % kWChunksRow) * 16;
+  auto w_dst = [&](int i) {
+    if constexpr (kGemmThreads % kWChunksRow == 0) {
+      return w_dst0 + i * (kGemmThreads / kWChunksRow) * WT::kStride;
+    } else {
       const int c = tid + i * kGemmThreads;
-      const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + r * WT::kStride + q * 16, wk + i * kGemmThreads * 16);
+      return (c / kWChunksRow) * WT::kStride + (c % kWChunksRow) * 16;
     }
+  };
+  // Weights and block scales of one stage (sources wk, sk) into the stage buffer at byte offset off.
+  auto copy_w = [&](uint32_t off, const uint8_t* wk, const uint8_t* sk) {
+    uint8_t* st = smem + off;
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i) cp_async16(st + w_dst(i), wk + i * kGemmThreads * 16);
     if constexpr (WT::kScale > 0) {
       static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
       if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, sk + tid * 16);
     }
   };
-  auto load_w = [&](int buf, int kt) {  // stage kt
-    copy_w(buf, wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw), WT::kScale > 0 ? sbase + kt * s_stride : nullptr);
+  // Sources of stage kt.
+  auto w_src = [&](int kt) { return wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw); };
+  auto s_src = [&](int kt) -> const uint8_t* {
+    if constexpr (WT::kScale > 0) return sbase + kt * s_stride;
+    else return nullptr;
   };
   // Weight prologue (one cp.async group), then wait for the producer of the activations. The
   // main loop's wait_group count is unchanged: stage 0 completes with this group and its own.
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s)
-    if (s < nk) load_w(s, kt0 + s);
+    if (s < nk) copy_w(s * C::kStageBytes, w_src(kt0 + s), s_src(kt0 + s));
   cp_async_commit();
   pdl_wait();
   pdl_trigger();
@@ -401,8 +376,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
     for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i], a_need[i]);
   }
-  auto copy_a = [&](int buf, int64_t koff) {  // the tile's activation rows at byte offset koff
-    uint8_t* adst = smem + buf * C::kStageBytes + C::kWStage + C::kSStage;
+  auto copy_a = [&](uint32_t off, int64_t koff) {  // the tile's activation rows at byte offset koff
+    uint8_t* adst = smem + off + C::kWStage + C::kSStage;
 #pragma unroll(kAReg ? kAPer : 2)
     for (int i = 0; i < kAPer; ++i) {
       if (kAChunks % kGemmThreads != 0 && tid + i * kGemmThreads >= kAChunks) break;
@@ -432,14 +407,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nk) copy_a(s, static_cast<int64_t>(kt0 + s) * C::kARaw);
+    if (s < nk) copy_a(s * C::kStageBytes, static_cast<int64_t>(kt0 + s) * C::kARaw);
     cp_async_commit();
   }
 
   const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
-  // MMAs of the stage in buffer buf.
-  auto compute = [&](int buf) {
-    const uint8_t* st = smem + buf * C::kStageBytes;
+  // MMAs of the stage in the buffer at byte offset off.
+  auto compute = [&](uint32_t off) {
+    const uint8_t* st = smem + off;
     const uint8_t* at = st + C::kWStage + C::kSStage;
     F wsrc_f;
     wsrc_f.load(st, st + C::kWStage, warp, lane);
@@ -478,45 +453,43 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     }
   };
 
+  // The ring of stage buffers: read at rd, written at wr (kStages − 1 ahead), and the sources of
+  // the stage copied next — running values rather than products of the stage index (the modulo
+  // and the 64-bit address products cost ~40 issue slots per stage in the SASS).
+  constexpr uint32_t kRing = C::kStages * C::kStageBytes;
+  auto next_buf = [](uint32_t o) { return o + C::kStageBytes == kRing ? 0u : o + C::kStageBytes; };
+  uint32_t rd = 0, wr = (C::kStages - 1) * C::kStageBytes;
+  const uint8_t* wk = w_src(kt0 + C::kStages - 1);
+  const uint8_t* sk = s_src(kt0 + C::kStages - 1);
+  int64_t ak = static_cast<int64_t>(kt0 + C::kStages - 1) * C::kARaw;
   for (int it = 0; it < nk; ++it) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
-    {
-      const int nx = it + C::kStages - 1;
-      if (nx < nk) {
-        load_w(nx % C::kStages, kt0 + nx);
-        copy_a(nx % C::kStages, static_cast<int64_t>(kt0 + nx) * C::kARaw);
-      }
-      cp_async_commit();
+    if (it + C::kStages - 1 < nk) {
+      copy_w(wr, wk, sk);
+      copy_a(wr, ak);
     }
-    compute(it % C::kStages);
+    cp_async_commit();
+    compute(rd);
+    wk += kBW * WT::kRaw;
+    if constexpr (WT::kScale > 0) sk += s_stride;
+    ak += C::kARaw;
+    rd = next_buf(rd);
+    wr = next_buf(wr);
   }
   cp_async_wait<0>();
   store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
-  if constexpr (kComb) fused_combine(a, n0);
 }
 
-template <WFmt WF, int BT, bool SPLIT, bool kComb = false>
-void launch_gemm_k(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+template <WFmt WF, int BT, bool SPLIT>
+void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = GemmCfg<WF, BT, SPLIT>;
   static const bool configured = [] {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT, kComb>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)configured;
-  launch_pdl(gemm_kernel<WF, BT, SPLIT, kComb>, grid, kGemmThreads, C::kSmem, s, a);
-}
-// The mma.sync kernel, with GEMM2's fused combine where the caller asks for it (8- and 16-token
-// tiles only: GemmArgs::comb).
-template <WFmt WF, int BT, bool SPLIT>
-void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
-  if constexpr (BT <= 16) {
-    if (a.comb.done) {
-      launch_gemm_k<WF, BT, SPLIT, true>(a, grid, s);
-      return;
-    }
-  }
-  launch_gemm_k<WF, BT, SPLIT>(a, grid, s);
+  launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
 }
 
 }  // namespace qmoe::cuda

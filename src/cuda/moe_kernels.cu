@@ -244,11 +244,6 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
   launch_pdl(prep_kernel<X>, T + 1, kAlignThreads, smem, s, al, x, H, topk_w, K, on_input, q, out, bad);
 }
 
-bool fused_combine_enabled() {
-  static const bool on = env_switch("QMOE_CUDA_FUSE_COMBINE");
-  return on;
-}
-
 bool fused_prep_enabled() {
   static const bool on = env_switch("QMOE_CUDA_FUSE_PREP");
   return on;

@@ -393,8 +393,8 @@ TEST_P(CudaExpertsEdge, UnalignedOutputMatchesAligned) {
 TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
-  // T = 40: the separate align / combine kernels; T = 4: align fused with the input quantization and
-  // the combine fused into GEMM2 (kFusedCombineMaxT).
+  // T = 40 and 4: align fused with the input quantization (launch_prep) at both; T = 4 has a
+  // single 8-token tile per expert.
   for (const int T : {40, 4})
   for (const bool on_input : {false, true}) {
     Problem pb;
@@ -444,27 +444,6 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
     }
   }
 }
-// A few tokens: GEMM2 combines in its last CTA per column tile (kFusedCombineMaxT) — written and
-// accumulated, weights after and on the input, K splits, run twice bit-identically.
-TEST_P(CudaExpertsEdge, FewTokensFusedCombine) {
-  SKIP_WITHOUT_GPU();
-  const SchemeInfo& s = scheme_by_name(GetParam());
-  for (int T : {2, 3, 4})
-    for (int ks : {0, 3}) {
-      Problem pb;
-      pb.T = T;
-      CudaOptions o;
-      o.ksplit = ks;
-      const std::string what = "T=" + std::to_string(T) + " ksplit " + std::to_string(ks);
-      const Result a = run_problem(s, pb, o), b = run_problem(s, pb, o);
-      expect_exact(s, a, pb.T, what);
-      EXPECT_EQ(0, std::memcmp(a.gpu.data(), b.gpu.data(), a.gpu.size() * sizeof(float))) << what;
-      expect_exact(s, run_problem(s, pb, o, /*prefill=*/true), pb.T, what + " accumulate");
-      pb.K = 1;
-      pb.on_input = true;
-      expect_exact(s, run_problem(s, pb, o), pb.T, what + " router weight on input");
-    }
-}
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
@@ -490,7 +469,7 @@ TEST(CudaExperts, LargerPrefill) {
 
 // ---- decode at a model's hidden size --------------------------------------------------------------
 // The fused prep kernel's shared memory (align's static arrays + the row) passes the 48 KB default
-// from H ≈ 1800: mixtral's and deepseek's H, a few tokens (prep and combine fused), and 40 tokens.
+// from H ≈ 1800: mixtral's and deepseek's H, at 1, 3 and 40 tokens.
 TEST(CudaExperts, DecodeAtModelHiddenSizes) {
   SKIP_WITHOUT_GPU();
   for (const char* n : {"w_mxfp4_a_mxfp4", "unquantized"})
