@@ -178,10 +178,8 @@ struct AFrag {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const int f = 2 * (mt * 8 + kk);
-        af[mt][0] = e4m3x2_to_f16x2(wv[f] & 0xFFFFu);
-        af[mt][1] = e4m3x2_to_f16x2(wv[f] >> 16);
-        af[mt][2] = e4m3x2_to_f16x2(wv[f + 1] & 0xFFFFu);
-        af[mt][3] = e4m3x2_to_f16x2(wv[f + 1] >> 16);
+        e4m3x4_to_f16x2x2(wv[f], af[mt][0], af[mt][1]);
+        e4m3x4_to_f16x2x2(wv[f + 1], af[mt][2], af[mt][3]);
       }
     } else if constexpr (WT::kRegDecode) {
       const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block

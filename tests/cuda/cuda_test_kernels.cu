@@ -61,8 +61,7 @@ __global__ void k_mma_e4m3(const uint8_t* a, const uint8_t* b, float* d) {
 __global__ void k_fp8(const uint32_t* w, uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[2 * i] = e4m3x2_to_f16x2(w[i] & 0xFFFFu);
-  out[2 * i + 1] = e4m3x2_to_f16x2(w[i] >> 16);
+  e4m3x4_to_f16x2x2(w[i], out[2 * i], out[2 * i + 1]);
 }
 __global__ void k_quant_rows(const float* x, int n, const RowQuant q, const RowOut o) {
   extern __shared__ float sv[];
