@@ -47,6 +47,8 @@ constexpr bool is_token_tile(int t) {
     if (t == v) return true;
   return false;
 }
+// The most K splits a GEMM launch takes (CudaOptions::ksplit, the bench's +ksN).
+inline constexpr int kMaxKSplit = 16;
 
 struct CudaOptions {
   // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once

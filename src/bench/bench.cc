@@ -72,6 +72,12 @@ int tile_suffix(const std::string& suf) {
     if (suf == "tile" + std::to_string(t)) return t;
   return 0;
 }
+// "ksN" for a K split count N in [1, cuda::kMaxKSplit] → N, else 0.
+int ksplit_suffix(const std::string& suf) {
+  for (int k = 1; k <= cuda::kMaxKSplit; ++k)
+    if (suf == "ks" + std::to_string(k)) return k;
+  return 0;
+}
 }  // namespace
 
 SchemeEntry parse_scheme_entry(const std::string& entry) {
@@ -87,10 +93,11 @@ SchemeEntry parse_scheme_entry(const std::string& entry) {
     else if (suf == "route") e.route = true;
     else if (suf == "nowg") e.no_wgmma = true;
     else if (const int t = tile_suffix(suf)) e.token_tile = t;
+    else if (const int k = ksplit_suffix(suf)) e.ksplit = k;
     else
       throw Error(fmt::format("--scheme '{}': unknown suffix '+{}' (known: +bf16act, +xbf16, +route, +nowg, "
-                              "+tile8|16|32|64|128)",
-                              entry, suf));
+                              "+tile8|16|32|64|128, +ks1…{})",
+                              entry, suf, cuda::kMaxKSplit));
     e.label += "+" + suf;
     p = q;
   }

@@ -39,13 +39,14 @@ inline constexpr const char* kStandardShapes = "mixtral-8x7b,deepseek-v3,qwen3-3
 // One --scheme entry: a registry scheme plus CUDA variant suffixes, in any order:
 //   +bf16act  CudaOptions::bf16_activations      +xbf16  hidden states in bf16
 //   +route    device routing in the timed graph   +nowg   no wgmma (mma.sync for every tile)
-//   +tileN    CudaOptions::token_tile = N
+//   +tileN    CudaOptions::token_tile = N        +ksN    CudaOptions::ksplit = N (both GEMMs)
 // The label (the entry as written) is what tables, JSON and CSV print: bench_cuda's labels.
 struct SchemeEntry {
   std::string label;
   const SchemeInfo* scheme = nullptr;
   bool bf16_act = false, x_bf16 = false, route = false, no_wgmma = false;
   int token_tile = 0;
+  int ksplit = 0;
   bool has_suffix() const { return label.find('+') != std::string::npos; }
 };
 SchemeEntry parse_scheme_entry(const std::string& entry);  // qmoe::Error on unknown names / suffixes

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "qmoe/config.h"
+#include "qmoe/cuda.h"
 #include "qmoe/formats.h"
 #include "qmoe/schemes.h"
 
@@ -50,7 +51,7 @@ enum class AFmt : int { Bf16, Bf16Split, Int8 };
 
 constexpr int kBW = 128;      // weight rows (GEMM output features) per CTA tile
 constexpr int kGemmThreads = 128;
-constexpr int kMaxSplit = 16;
+constexpr int kMaxSplit = kMaxKSplit;  // qmoe/cuda.h
 
 // Stored bytes of one row of K elements (K a multiple of 64 after padding).
 inline int64_t packed_row_bytes(WFmt f, int64_t k) {
@@ -113,6 +114,9 @@ struct GemmArgs {
   float* out = nullptr;             // [ksplit][TK][N]
   int N = 0, Npad = 0, TK = 0;
   int Kt = 0, kt_per_split = 0;
+  // The tile lists come from the kernel just before this one (launch_prep), not from two places
+  // before: read them only after pdl_wait (launch.cuh).
+  bool tiles_after_wait = false;
 };
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
@@ -178,6 +182,14 @@ void launch_absmax_input(const void* x, XType xt, int T, int H, const float* top
 // non-finite value; its quantized row is zeros and combine writes its output row as NaN.
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
                         const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+// launch_align and launch_quant_input as one launch (T + 1 blocks): one kernel boundary fewer on
+// a decode step's critical path. The GEMM after it must read the tile lists after its pdl_wait
+// (GemmArgs::tiles_after_wait). Used for T < kFusedPrepMaxRows without a tensor-wide scale pass
+// (QMOE_CUDA_FUSE_PREP=0 in the environment turns it off).
+constexpr int kFusedPrepMaxRows = 512;
+void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
+                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+bool fused_prep_enabled();
 // GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
 // With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and
 // launch_quant_rows quantizes afterwards.

@@ -17,13 +17,21 @@ __device__ __forceinline__ uint32_t bf16x2_mul_bits(uint32_t v, uint32_t m) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-// Two e4m3 codes (low 16 bits; the low byte becomes the low half) → fp16x2, by
-// cvt.rn.f16x2.e4m3x2.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  uint32_t r;
-  const unsigned short in = static_cast<unsigned short>(two_bytes);
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(in));
-  return r;
+// v · (half h of m, in both lanes): the multiplier of a scale pair (fp4_scale_pair_bf16x2);
+// ptxas turns the broadcast into an operand swizzle of the HMUL2.
+__device__ __forceinline__ uint32_t bf16x2_mul_half_bits(uint32_t v, uint32_t m, int h) {
+  const __nv_bfloat162 mm = *reinterpret_cast<const __nv_bfloat162*>(&m);
+  const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), h ? __high2bfloat162(mm) : __low2bfloat162(mm));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// A word of four e4m3 codes → two fp16x2 by cvt.rn.f16x2.e4m3x2 (lo: bytes 0, 1; hi: bytes 2, 3;
+// the lower byte becomes the lower half). The 16-bit halves are taken by a register-pair move,
+// which ptxas folds into the conversions' operands (.H1), where `w >> 16` cost a shift per word.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
 }
 
 }  // namespace qmoe::cuda

@@ -707,10 +707,12 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   al.tile_expert = m.tile_expert.as<int32_t>();
   al.tile_m0 = m.tile_m0.as<int32_t>();
   al.num_tiles = m.num_tiles.as<int32_t>();
-  launch_align(al, s);
-
   unsigned* amax = m.amax.as<unsigned>();
   const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
+  // Decode without a tensor-wide input scale: align and the input quantization in one launch.
+  const bool fuse_prep = !dyn_tensor && T < kFusedPrepMaxRows && fused_prep_enabled();
+  if (!fuse_prep) launch_align(al, s);
+
   const bool rowscale = is_dyn_rowscale(sc.act);
   // A bf16 input is its own hi part: GEMM1 runs on one MMA (the lo part would be zeros).
   const AFmt af1 = (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
@@ -731,7 +733,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   }
   const int eb = m.a_elem_bytes();
   RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
-  launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  if (fuse_prep) launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  else launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
@@ -762,7 +765,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.kt_per_split = kps;
     return g;
   };
-  const GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  g1.tiles_after_wait = fuse_prep;
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};

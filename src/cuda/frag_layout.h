@@ -12,9 +12,12 @@
 // m16n8k16 A fragment: a0 = (row g, k 2c, 2c+1), a1 = (row g+8, same k), a2 = (row g, k 2c+8,
 // 2c+9), a3 = (row g+8, k 2c+8, 2c+9). Register j's low / high element keeps its 3 magnitude
 // bits from bit kFp4MagBit[j][·] up and its sign at kFp4SignBit[j][·]; the positions are chosen
-// so that a0 is w & M, a1 (w << 3) & M, and a2 / a3 one shift for the signs and one for the
-// magnitudes (fp4_frag_decode). No single shift-and-mask per register can cover all 32 bits
-// (the 8-bit mask 0x81C081C0 does not tile a 32-bit word), hence the two-shift registers.
+// so that a0 is w & M, a1 (w << 3) & M, a2 ((w & F2) · 66) & M (the product is (x << 6) | (x << 1)
+// with no carries: magnitudes up 6, signs up 1, one IMAD where two shifts and a mask were) and a3
+// one shift for the signs and one for the magnitudes (fp4_frag_decode): 10 integer operations per
+// word. No single shift-and-mask per register can cover all 32 bits (the 8-bit mask 0x81C081C0
+// does not tile a 32-bit word; an exhaustive search over shift, two-shift and multiply forms
+// finds no layout under 10).
 //
 // Block scales, one byte per block in the kernel's scale stream, turned into a bf16x2 multiplier
 // by one byte permute and one shift (or multiply-add):
@@ -45,7 +48,7 @@
 namespace qmoe::cuda {
 
 constexpr int kFp4MagBit[4][2] = {{6, 22}, {3, 19}, {0, 16}, {9, 25}};
-constexpr int kFp4SignBit[4][2] = {{15, 31}, {12, 28}, {13, 29}, {14, 30}};
+constexpr int kFp4SignBit[4][2] = {{15, 31}, {12, 28}, {14, 30}, {13, 29}};
 
 // Place code (4 bits) as element h (0 = low, 1 = high half) of register j in a fragment word
 // (host: the upload's repack and the tests).
@@ -58,8 +61,8 @@ QMOE_HD void fp4_frag_decode(uint32_t w, uint32_t (&o)[4]) {
   constexpr uint32_t kM = 0x81C081C0u, kMag = 0x01C001C0u, kSign = 0x80008000u;
   o[0] = w & kM;
   o[1] = (w << 3) & kM;
-  o[2] = ((w << 2) & kSign) | ((w << 6) & kMag);
-  o[3] = ((w << 1) & kSign) | ((w >> 3) & kMag);
+  o[2] = ((w & 0x40074007u) * 66u) & kM;  // register 2's bits (magnitudes 0, 16; signs 14, 30)
+  o[3] = ((w << 2) & kSign) | ((w >> 3) & kMag);
 }
 
 // ---- FP6 planes -----------------------------------------------------------------------------
@@ -126,6 +129,22 @@ QMOE_HD uint32_t fp4_scale_bf16x2(uint32_t word, int i) {
 #endif
   if constexpr (kNvfp4) return (x << 4) + ((kNvfp4ScaleBase << 7) | (kNvfp4ScaleBase << 23));
   else return x << 7;
+}
+
+// The multipliers of two kernel scale bytes of a word in the two halves of one bf16x2: pair 0 holds
+// bytes 0 (low half) and 2 (high), pair 1 bytes 1 and 3; byte i's multiplier (fp4_scale_bf16x2(word,
+// i), both halves) is half i / 2 of pair i % 2. Two integer operations per pair (MX; three for NVFP4)
+// where fp4_scale_bf16x2 takes two per byte; the GEMM multiplies by one half of a pair (a
+// half-broadcast operand of HMUL2).
+template <bool kNvfp4>
+QMOE_HD uint32_t fp4_scale_pair_bf16x2(uint32_t word, int pair) {
+  if constexpr (kNvfp4) {
+    // byte ≤ 143 (nvfp4_scale_byte): (byte << 4) + (236 << 7) < 2^15 stays inside its half.
+    const uint32_t x = pair == 0 ? (word & 0x00FF00FFu) << 4 : (word >> 4) & 0x0FF00FF0u;
+    return x + ((kNvfp4ScaleBase << 7) | (kNvfp4ScaleBase << 23));
+  } else {
+    return pair == 0 ? (word << 7) & 0x7F807F80u : (word >> 1) & 0x7F807F80u;
+  }
 }
 
 }  // namespace qmoe::cuda

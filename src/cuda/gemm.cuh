@@ -178,24 +178,23 @@ struct AFrag {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const int f = 2 * (mt * 8 + kk);
-        af[mt][0] = e4m3x2_to_f16x2(wv[f] & 0xFFFFu);
-        af[mt][1] = e4m3x2_to_f16x2(wv[f] >> 16);
-        af[mt][2] = e4m3x2_to_f16x2(wv[f + 1] & 0xFFFFu);
-        af[mt][3] = e4m3x2_to_f16x2(wv[f + 1] >> 16);
+        e4m3x4_to_f16x2x2(wv[f], af[mt][0], af[mt][1]);
+        e4m3x4_to_f16x2x2(wv[f + 1], af[mt][2], af[mt][3]);
       }
     } else if constexpr (WT::kRegDecode) {
       const int blk = kNv ? kk : kk / 2;  // 16- / 32-element scale block
+      const int pair = blk % 2, half = (blk % 4) / 2;  // its multiplier: fp4_scale_pair_bf16x2
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const uint32_t m0 = fp4_scale_bf16x2<kNv>(sw[mt][0][blk / 4], blk % 4);
-        const uint32_t m1 = fp4_scale_bf16x2<kNv>(sw[mt][1][blk / 4], blk % 4);
+        const uint32_t m0 = fp4_scale_pair_bf16x2<kNv>(sw[mt][0][blk / 4], pair);
+        const uint32_t m1 = fp4_scale_pair_bf16x2<kNv>(sw[mt][1][blk / 4], pair);
         uint32_t o[4];
         if constexpr (kFp6) fp6_frag_decode<WF == WFmt::MXFP6_E3M2>(wv[mt * 8 + kk], w2[kk], mt, o);
         else fp4_frag_decode(wv[mt * 8 + kk], o);  // value · 2^−126 (E3M2: 2^−124), exact
-        af[mt][0] = bf16x2_mul_bits(o[0], m0);
-        af[mt][1] = bf16x2_mul_bits(o[1], m1);
-        af[mt][2] = bf16x2_mul_bits(o[2], m0);
-        af[mt][3] = bf16x2_mul_bits(o[3], m1);
+        af[mt][0] = bf16x2_mul_half_bits(o[0], m0, half);
+        af[mt][1] = bf16x2_mul_half_bits(o[1], m1, half);
+        af[mt][2] = bf16x2_mul_half_bits(o[2], m0, half);
+        af[mt][3] = bf16x2_mul_half_bits(o[3], m1, half);
       }
     } else {  // BF16 (k16 · 2 bytes) and INT8 (k32 · 1 byte): 32 bytes per k step
 #pragma unroll
@@ -278,7 +277,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
   const int tile = blockIdx.x;
   // align's outputs are complete when this grid starts (launch.cuh), so the tile and the weight
-  // prologue come before pdl_wait (L2 reads: nothing of this grid cached them).
+  // prologue come before pdl_wait (L2 reads: nothing of this grid cached them) — unless align ran
+  // in the kernel just before (launch_prep).
+  if (a.tiles_after_wait) pdl_wait();
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
@@ -312,26 +313,39 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   constexpr int kAChunks = BT * kAChunksRow;
   constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
   const uint8_t* wsrc = wbase + tid * 16;
-  auto load_w = [&](int buf, int kt) {  // weights and block scales of stage kt into buffer buf
-    uint8_t* st = smem + buf * C::kStageBytes;
-    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
-#pragma unroll
-    for (int i = 0; i < kWPer; ++i) {
+  const int64_t s_stride = static_cast<int64_t>(a.Npad) * WT::kScale;  // scale bytes per stage
+  // This thread's weight chunk i lands at w_dst0 + i · (rows per chunk round) · kStride when the
+  // chunks of a row divide the CTA (all but FP6): one register and immediate offsets.
+  const int w_dst0 = (tid / kWChunksRow) * WT::kStride + (tid % kWChunksRow) * 16;
+  auto w_dst = [&](int i) {
+    if constexpr (kGemmThreads % kWChunksRow == 0) {
+      return w_dst0 + i * (kGemmThreads / kWChunksRow) * WT::kStride;
+    } else {
       const int c = tid + i * kGemmThreads;
-      const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + r * WT::kStride + q * 16, wk + i * kGemmThreads * 16);
+      return (c / kWChunksRow) * WT::kStride + (c % kWChunksRow) * 16;
     }
+  };
+  // Weights and block scales of one stage (sources wk, sk) into the stage buffer at byte offset off.
+  auto copy_w = [&](uint32_t off, const uint8_t* wk, const uint8_t* sk) {
+    uint8_t* st = smem + off;
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i) cp_async16(st + w_dst(i), wk + i * kGemmThreads * 16);
     if constexpr (WT::kScale > 0) {
       static_assert(C::kSStage / 16 <= kGemmThreads, "scale chunks per stage");
-      const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
-      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, src + tid * 16);
+      if (tid < C::kSStage / 16) cp_async16(st + C::kWStage + tid * 16, sk + tid * 16);
     }
+  };
+  // Sources of stage kt.
+  auto w_src = [&](int kt) { return wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw); };
+  auto s_src = [&](int kt) -> const uint8_t* {
+    if constexpr (WT::kScale > 0) return sbase + kt * s_stride;
+    else return nullptr;
   };
   // Weight prologue (one cp.async group), then wait for the producer of the activations. The
   // main loop's wait_group count is unchanged: stage 0 completes with this group and its own.
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s)
-    if (s < nk) load_w(s, kt0 + s);
+    if (s < nk) copy_w(s * C::kStageBytes, w_src(kt0 + s), s_src(kt0 + s));
   cp_async_commit();
   pdl_wait();
   pdl_trigger();
@@ -360,9 +374,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
     for (int i = 0; i < kAPer; ++i) a_chunk(i, a_src[i], a_dst[i], a_ok[i], a_need[i]);
   }
-  auto load_a = [&](int buf, int kt) {  // the tile's activation rows of stage kt
-    uint8_t* adst = smem + buf * C::kStageBytes + C::kWStage + C::kSStage;
-    const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
+  auto copy_a = [&](uint32_t off, int64_t koff) {  // the tile's activation rows at byte offset koff
+    uint8_t* adst = smem + off + C::kWStage + C::kSStage;
 #pragma unroll(kAReg ? kAPer : 2)
     for (int i = 0; i < kAPer; ++i) {
       if (kAChunks % kGemmThreads != 0 && tid + i * kGemmThreads >= kAChunks) break;
@@ -392,23 +405,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nk) load_a(s, kt0 + s);
+    if (s < nk) copy_a(s * C::kStageBytes, static_cast<int64_t>(kt0 + s) * C::kARaw);
     cp_async_commit();
   }
 
   const int brow_l = (lane & 7) + (BT >= 16 ? (lane >> 4) * 8 : 0);  // ldmatrix row of the token fragment
-  for (int it = 0; it < nk; ++it) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    {
-      const int nx = it + C::kStages - 1;
-      if (nx < nk) {
-        load_w(nx % C::kStages, kt0 + nx);
-        load_a(nx % C::kStages, kt0 + nx);
-      }
-      cp_async_commit();
-    }
-    const uint8_t* st = smem + (it % C::kStages) * C::kStageBytes;
+  // MMAs of the stage in the buffer at byte offset off.
+  auto compute = [&](uint32_t off) {
+    const uint8_t* st = smem + off;
     const uint8_t* at = st + C::kWStage + C::kSStage;
     F wsrc_f;
     wsrc_f.load(st, st + C::kWStage, warp, lane);
@@ -445,6 +449,31 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         }
       }
     }
+  };
+
+  // The ring of stage buffers: read at rd, written at wr (kStages − 1 ahead), and the sources of
+  // the stage copied next — running values rather than products of the stage index (the modulo
+  // and the 64-bit address products cost ~40 issue slots per stage in the SASS).
+  constexpr uint32_t kRing = C::kStages * C::kStageBytes;
+  auto next_buf = [](uint32_t o) { return o + C::kStageBytes == kRing ? 0u : o + C::kStageBytes; };
+  uint32_t rd = 0, wr = (C::kStages - 1) * C::kStageBytes;
+  const uint8_t* wk = w_src(kt0 + C::kStages - 1);
+  const uint8_t* sk = s_src(kt0 + C::kStages - 1);
+  int64_t ak = static_cast<int64_t>(kt0 + C::kStages - 1) * C::kARaw;
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    if (it + C::kStages - 1 < nk) {
+      copy_w(wr, wk, sk);
+      copy_a(wr, ak);
+    }
+    cp_async_commit();
+    compute(rd);
+    wk += kBW * WT::kRaw;
+    if constexpr (WT::kScale > 0) sk += s_stride;
+    ak += C::kARaw;
+    rd = next_buf(rd);
+    wr = next_buf(wr);
   }
   cp_async_wait<0>();
   store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);

@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   const int rem = lin - strip * kStrip * gridDim.y;
   const int tile = strip * kStrip + rem % width;
   const int ty = rem / width;
+  if (a.tiles_after_wait) pdl_wait();  // align ran in the kernel just before (gemm_kernel)
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);

@@ -34,11 +34,15 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// A process-wide switch that is on unless the environment sets it to "0" (read by the caller
+// once, into a static).
+inline bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("QMOE_CUDA_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("QMOE_CUDA_PDL");
   return on;
 }
 

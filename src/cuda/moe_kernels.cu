@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/combine.cuh"
 #include "cuda/cuda_common.h"
 #include "cuda/frag_layout.h"
 #include "cuda/launch.cuh"
@@ -17,28 +18,12 @@
 
 namespace qmoe::cuda {
 
-// A 4-byte global load the compiler issues where it stands (volatile asm: not sunk into the
-// branch that uses it), so that a run of them is in flight together; `on` predicates it (`off`
-// when off), so a run is one basic block with no branch per load.
-template <class T>
-__device__ __forceinline__ T ld_issue(const T* p, bool on, T off) {
-  static_assert(sizeof(T) == 4, "32-bit loads");
-  uint32_t v;
-  memcpy(&v, &off, 4);
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.b32 %0, [%1];\n}\n"
-               : "+r"(v)
-               : "l"(p), "r"(static_cast<int>(on)));
-  T r;
-  memcpy(&r, &v, 4);
-  return r;
-}
-
 // ---- align ---------------------------------------------------------------------------------
 constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
 constexpr int kAlignIlp = 8;
 
-__global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) {
+__device__ __forceinline__ void align_block(const AlignArgs& a) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   __shared__ int s_cnt[kMaxLocalExperts + 1];  // counts, then tile offsets
@@ -115,6 +100,8 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
   }
 }
 
+__global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) { align_block(a); }
+
 void launch_align(const AlignArgs& a, cudaStream_t s) {
   launch_pdl(align_kernel, 1, kAlignThreads, 0, s, a);
   QMOE_CUDA_CHECK(cudaGetLastError());
@@ -162,14 +149,12 @@ void launch_absmax_input(const void* x, XType xt, int T, int H, const float* top
 // quantized as zeros, so that nothing non-finite reaches the GEMMs or the tensor-wide scales, and
 // flagged in bad[t]: combine_kernel writes its output row as NaN (docs/DECISIONS.md).
 template <XType X>
-__global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x, int H, const float* w, int K,
-                                                                  bool on_input, const RowQuant q, const RowOut o,
-                                                                  int32_t* bad) {
+__device__ __forceinline__ void quant_input_row(int t, const void* x, int H, const float* w, int K, bool on_input,
+                                                const RowQuant& q, const RowOut& o, int32_t* bad) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   extern __shared__ float sv[];
   __shared__ float red[32];
-  const int t = blockIdx.x;
   const float f = on_input ? w[static_cast<int64_t>(t) * K] : 1.0f;
   int nonfinite = 0;
 #pragma unroll 4
@@ -186,6 +171,25 @@ __global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x,
   }
   if (threadIdx.x == 0) bad[t] = any ? 1 : 0;
   quantize_row(sv, H, q, o, t, red);
+}
+
+template <XType X>
+__global__ void __launch_bounds__(kRowThreads) quant_input_kernel(const void* x, int H, const float* w, int K,
+                                                                  bool on_input, const RowQuant q, const RowOut o,
+                                                                  int32_t* bad) {
+  quant_input_row<X>(blockIdx.x, x, H, w, K, on_input, q, o, bad);
+}
+
+// align and the input quantization in one launch (decode: one kernel boundary fewer on the
+// layer's critical path): blocks 0..T−1 quantize token rows, block T aligns. Its outputs are
+// complete only when the whole grid is, so the GEMM after it reads the tile lists after its
+// pdl_wait (GemmArgs::tiles_after_wait).
+template <XType X>
+__global__ void __launch_bounds__(kAlignThreads) prep_kernel(const AlignArgs al, const void* x, int H, const float* w,
+                                                             int K, bool on_input, const RowQuant q, const RowOut o,
+                                                             int32_t* bad) {
+  if (blockIdx.x == gridDim.x - 1) align_block(al);
+  else quant_input_row<X>(blockIdx.x, x, H, w, K, on_input, q, o, bad);
 }
 
 // Rows from which the one-row-per-block kernels and combine take their prefill configuration:
@@ -218,6 +222,40 @@ void launch_quant_input_t(const void* x, int T, int H, const float* topk_w, int 
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(quant_input_kernel<X>), smem, cfg);
   launch_pdl(quant_input_kernel<X>, T, row_threads(H, T), smem, s, x, H, topk_w, K, on_input, q, out, bad);
+}
+
+template <XType X>
+void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float* topk_w, int K, bool on_input,
+                   const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
+  const size_t smem = static_cast<size_t>(H) * sizeof(float);
+  // align's static shared memory (~41 KB: kMaxLocalExperts counters, the scan) and the row's
+  // dynamic part together pass the 48 KB default from H ≈ 1800: opt in for the dynamic part
+  // whenever the sum does (mixtral's H = 4096 failed to launch without it).
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes fa{};
+    QMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, prep_kernel<X>));
+    return fa.sharedSizeBytes;
+  }();
+  static std::atomic<size_t> cfg{0};
+  if (static_bytes + smem > 48 * 1024 && smem > cfg.load()) {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<X>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    cfg = smem;
+  }
+  launch_pdl(prep_kernel<X>, T + 1, kAlignThreads, smem, s, al, x, H, topk_w, K, on_input, q, out, bad);
+}
+
+bool fused_prep_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_FUSE_PREP");
+  return on;
+}
+
+void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
+                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
+  switch (xt) {
+    case XType::F32: launch_prep_t<XType::F32>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+    case XType::BF16: launch_prep_t<XType::BF16>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+    case XType::F16: launch_prep_t<XType::F16>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+  }
 }
 
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
@@ -352,26 +390,10 @@ void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_loc
 }
 
 // ---- combine ---------------------------------------------------------------------------------
-constexpr int kCombineIlp = 8;  // routes whose partial loads are in flight together
-
-// V consecutive floats at p (16-byte aligned for V = 4) by one predicated load (zeros when off).
-template <int V>
-__device__ __forceinline__ void ld_issue_v(float (&x)[V], const float* p, bool on) {
-  if constexpr (V == 4) {
-    x[0] = x[1] = x[2] = x[3] = 0.0f;
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n@q ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
-                 : "+f"(x[0]), "+f"(x[1]), "+f"(x[2]), "+f"(x[3])
-                 : "l"(p), "r"(static_cast<int>(on)));
-  } else {
-    x[0] = ld_issue(p, on, 0.0f);
-  }
-}
-
 // Each thread owns V consecutive outputs of one token row (V = 4 where H and the output allow
 // 16-byte accesses). The token's K routes are staged in shared memory first, then the K · ksplit
 // partial loads of kCombineIlp routes at a time are issued together (at decode the grid is a few
-// blocks and each thread's loads were a chain of round trips). The sums keep the reference order:
-// per route the splits in order, plus the bias, then the weighted sum over the routes in order.
+// blocks and each thread's loads were a chain of round trips); the arithmetic is combine.cuh's.
 template <int V>
 __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,
                                const float* topk_w, bool on_input, const float* b2, float* out, bool accumulate,
@@ -389,58 +411,14 @@ __global__ void combine_kernel(const float* y2p, int ksplit, int T, int K, int H
   const int h = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (h >= H) return;
   float* o = out + static_cast<int64_t>(t) * H + h;
+  float acc[V] = {};
   if (bad[t]) {  // non-finite hidden states (quant_input_kernel)
-#pragma unroll
-    for (int c = 0; c < V; ++c) o[c] = __int_as_float(0x7FC00000);
+    combine_store<V>(o, acc, true, accumulate);
     return;
   }
-  const int TK = T * K;
-  const int64_t split_stride = static_cast<int64_t>(TK) * H;
-  const float* yt = y2p + static_cast<int64_t>(t) * K * H + h;
-  float acc[V];
-#pragma unroll
-  for (int c = 0; c < V; ++c) acc[c] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += kCombineIlp) {
-    float v[kCombineIlp][V], x[kCombineIlp][V];
-    int le[kCombineIlp];
-#pragma unroll
-    for (int q = 0; q < kCombineIlp; ++q) {
-#pragma unroll
-      for (int c = 0; c < V; ++c) v[q][c] = 0.0f;
-      le[q] = k0 + q < K ? s_route[k0 + q] : -1;
-    }
-    for (int s = 0; s < ksplit; ++s) {
-#pragma unroll
-      for (int q = 0; q < kCombineIlp; ++q)
-        ld_issue_v<V>(x[q], yt + s * split_stride + static_cast<int64_t>(k0 + q) * H, le[q] >= 0);
-#pragma unroll
-      for (int q = 0; q < kCombineIlp; ++q)
-        if (le[q] >= 0)
-#pragma unroll
-          for (int c = 0; c < V; ++c) v[q][c] += x[q][c];
-    }
-#pragma unroll
-    for (int q = 0; q < kCombineIlp; ++q) {
-      if (le[q] < 0) continue;
-#pragma unroll
-      for (int c = 0; c < V; ++c) {
-        float vk = v[q][c];
-        if (b2) vk += b2[static_cast<int64_t>(le[q]) * H + h + c];
-        acc[c] += on_input ? vk : s_w[k0 + q] * vk;
-      }
-    }
-  }
-  if constexpr (V == 4) {  // 16-byte aligned (launch_combine)
-    float4* o4 = reinterpret_cast<float4*>(o);
-    float4 r = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (accumulate) {
-      const float4 p = *o4;
-      r = make_float4(p.x + r.x, p.y + r.y, p.z + r.z, p.w + r.w);
-    }
-    *o4 = r;
-  } else {
-    *o = accumulate ? *o + acc[0] : acc[0];
-  }
+  combine_sum<V>(acc, y2p + static_cast<int64_t>(t) * K * H + h, static_cast<int64_t>(T) * K * H, ksplit, K, H, h,
+                 [&](int k) { return s_route[k]; }, [&](int k) { return s_w[k]; }, b2, on_input);
+  combine_store<V>(o, acc, false, accumulate);
 }
 
 void launch_combine(const float* y2p, int ksplit, int T, int K, int H, const int32_t* slot_local,

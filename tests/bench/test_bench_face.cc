@@ -89,6 +89,11 @@ TEST(BenchOptions, SchemeEntriesWithSuffixes) {
   const SchemeEntry n = parse_scheme_entry("unquantized+xbf16+nowg");
   EXPECT_TRUE(n.x_bf16);
   EXPECT_TRUE(n.no_wgmma);
+  EXPECT_EQ(n.ksplit, 0);
+  EXPECT_EQ(parse_scheme_entry("nvfp4+ks3").ksplit, 3);
+  EXPECT_EQ(parse_scheme_entry("nvfp4+ks16+tile8").ksplit, 16);
+  EXPECT_THROW(parse_scheme_entry("nvfp4+ks0"), Error);
+  EXPECT_THROW(parse_scheme_entry("nvfp4+ks17"), Error);
   // Aliases resolve to the canonical label.
   const SchemeEntry a = parse_scheme_entry("mxfp4");
   EXPECT_EQ(a.label, "w_mxfp4_a_mxfp4");

@@ -393,19 +393,23 @@ TEST_P(CudaExpertsEdge, UnalignedOutputMatchesAligned) {
 TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
+  // T = 40 and 4: align fused with the input quantization (launch_prep) at both; T = 4 has a
+  // single 8-token tile per expert.
+  for (const int T : {40, 4})
   for (const bool on_input : {false, true}) {
     Problem pb;
-    pb.T = 40;
+    pb.T = T;
     pb.K = on_input ? 1 : 2;
     const RandomLayerInput in = random_layer_input(s, pb, 5);
     const std::vector<float>& x = in.x;
     const ExpertParams& p = in.params;
     const std::vector<int32_t>& ids = in.ids;
     const std::vector<float>& w = in.w;
-    const std::vector<int> bad_rows = {0, 7, pb.T - 1};
+    const int mid = pb.T > 8 ? 7 : 1;
+    const std::vector<int> bad_rows = {0, mid, pb.T - 1};
     std::vector<float> xbad = x, xzero = x;
     xbad[0 * pb.H + 5] = NAN;
-    xbad[7 * pb.H + 0] = INFINITY;
+    xbad[static_cast<size_t>(mid) * pb.H + 0] = INFINITY;
     xbad[static_cast<size_t>(pb.T) * pb.H - 1] = -INFINITY;
     for (int t : bad_rows) std::fill_n(xzero.begin() + static_cast<size_t>(t) * pb.H, pb.H, 0.0f);
     CudaExperts ce(p, {});
@@ -424,7 +428,8 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
       ce.run_device(dx.as<float>(), pb.T, pb.K, dids.as<int32_t>(), dw.as<float>(), db.as<float>(), on_input, acc, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<float> a = get<float>(da, n), b = get<float>(db, n);
-      const std::string what = std::string(GetParam()) + (on_input ? " on_input" : "") + (acc ? " accumulate" : "");
+      const std::string what = std::string(GetParam()) + " T=" + std::to_string(pb.T) + (on_input ? " on_input" : "") +
+                               (acc ? " accumulate" : "");
       for (int t = 0; t < pb.T; ++t) {
         const bool is_bad = std::find(bad_rows.begin(), bad_rows.end(), t) != bad_rows.end();
         const float* ra = a.data() + static_cast<size_t>(t) * pb.H;
@@ -460,6 +465,23 @@ TEST(CudaExperts, LargerPrefill) {
     pb.I = 384;
     expect_exact(s, run_problem(s, pb), pb.T, n);
   }
+}
+
+// ---- decode at a model's hidden size --------------------------------------------------------------
+// The fused prep kernel's shared memory (align's static arrays + the row) passes the 48 KB default
+// from H ≈ 1800: mixtral's and deepseek's H, at 1, 3 and 40 tokens.
+TEST(CudaExperts, DecodeAtModelHiddenSizes) {
+  SKIP_WITHOUT_GPU();
+  for (const char* n : {"w_mxfp4_a_mxfp4", "unquantized"})
+    for (int H : {4096, 7168})
+      for (int T : {1, 3, 40}) {
+        const SchemeInfo& s = scheme_by_name(n);
+        Problem pb;
+        pb.T = T;
+        pb.H = H;
+        pb.I = 128;
+        expect_exact(s, run_problem(s, pb), pb.T, std::string(n) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+      }
 }
 
 // ---- 32-, 64- and 128-token tiles on both kernels (wgmma on Hopper, mma.sync), every scheme -------

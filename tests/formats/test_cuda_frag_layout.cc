@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "cuda/frag_layout.h"
 #include "qmoe/formats.h"
@@ -82,6 +83,28 @@ TEST(CudaFp4Layout, MxScaleBytesTimesEveryCode) {
         }
       }
     }
+  }
+}
+
+// The pair form (two bytes' multipliers in the two halves, the GEMM's half-broadcast) equals the
+// per-byte form for every byte in every position: MX kernel bytes 0..254 (255 never occurs), NVFP4
+// kernel bytes of every finite non-zero scale (≤ 143) and 0.
+TEST(CudaFp4Layout, ScalePairsEqualPerByteMultipliers) {
+  std::vector<uint8_t> nv = {0};
+  for (int sc = 1; sc < 0x7F; ++sc) nv.push_back(nvfp4_scale_byte(static_cast<uint8_t>(sc)));
+  for (int kind = 0; kind < 2; ++kind) {
+    const bool is_nv = kind == 1;
+    const int n = is_nv ? static_cast<int>(nv.size()) : 255;
+    for (int a = 0; a < n; ++a)
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t b = is_nv ? nv[static_cast<size_t>(a)] : static_cast<uint32_t>(a);
+        const uint32_t other = is_nv ? nv[static_cast<size_t>((a * 7 + 3) % n)] : static_cast<uint32_t>((a * 37 + 11) % 255);
+        uint32_t word = 0;
+        for (int j = 0; j < 4; ++j) word |= (j == i ? b : other) << (8 * j);
+        const uint32_t pair = is_nv ? fp4_scale_pair_bf16x2<true>(word, i % 2) : fp4_scale_pair_bf16x2<false>(word, i % 2);
+        const uint32_t one = is_nv ? fp4_scale_bf16x2<true>(word, i) : fp4_scale_bf16x2<false>(word, i);
+        ASSERT_EQ((pair >> (16 * (i / 2))) & 0xFFFFu, one & 0xFFFFu) << (is_nv ? "nvfp4" : "mx") << " byte " << b << " at " << i;
+      }
   }
 }
 

@@ -445,6 +445,7 @@ Report run_cuda(const Plan& plan) {
       qmoe::cuda::CudaOptions opt;
       opt.bf16_activations = o.bf16_act || entry.bf16_act;
       opt.token_tile = entry.token_tile ? entry.token_tile : o.token_tile;
+      opt.ksplit = entry.ksplit;
       if (entry.no_wgmma) opt.wgmma = false;
       ActivationSpec act;  // SiLU, no biases (as the vLLM anchors were measured)
       qmoe::cuda::CudaExperts probe = qmoe::cuda::CudaExperts::random(sc, 1, sh.H, sh.I, act, 1, opt);
