@@ -18,7 +18,7 @@ NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=$(ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -x "$NCU" ] || NCU=$(find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
 [ -x "$NCU" ] || { echo "gpu_profile: ncu not found"; exit 1; }
-KERNELS='regex:gemm|align_kernel|quant_input|act_kernel|quant_rows|combine_kernel|absmax'
+KERNELS='regex:gemm|align_kernel|prep_kernel|quant_input|act_kernel|quant_rows|combine_kernel|absmax'
 
 for point in "$@"; do
   IFS=: read -r shape scheme T <<<"$point"
