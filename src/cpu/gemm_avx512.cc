@@ -27,7 +27,7 @@ inline __m512 dpbf16(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps
 struct BDecBf16 {
   RowSet<kNR> rs;
   int K;
-  static constexpr int kStep = 32;
+  static constexpr int kStep = 32, kBytes = 64;  // weights and bytes per row and step
   void load(int i, int k, __m512i* w) const {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(rs.row[i]) + k;
     w[0] = k + 32 <= K ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(K - k), p);
@@ -41,7 +41,7 @@ struct BDecFp8 {
   RowSet<kNR> rs;
   int K;
   __m512i t0, t1, t2, t3;  // magnitudes 0..31, 32..63, 64..95, 96..127
-  static constexpr int kStep = 32;
+  static constexpr int kStep = 32, kBytes = 32;
   void load(int i, int k, __m512i* w) const {
     const uint8_t* p = rs.row[i] + k;
     const __m256i raw = k + 32 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
@@ -65,7 +65,7 @@ struct BDecMxfp4 {
   int K;
   __m512i base;      // codes 0..15 twice
   __mmask32 nonzero; // entries that are not ±0
-  static constexpr int kStep = 64;
+  static constexpr int kStep = 64, kBytes = 32;
   void load(int i, int k, __m512i* w) const {
     const int g = k >> 5;
     const uint8_t* sc = rs.scales[i];
@@ -92,7 +92,7 @@ struct BDecMxfp6 {
   int K;
   __m512i base_lo, base_hi;  // codes 0..31, 32..63
   __mmask32 nz_lo, nz_hi;
-  static constexpr int kStep = 32;
+  static constexpr int kStep = 32, kBytes = 24;
   void load(int i, int k, __m512i* w) const {
     const uint8_t* p = rs.row[i] + (k >> 2) * 3;
     const __m512i src = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(0x00FFFFFFu, p));
@@ -111,7 +111,7 @@ struct BDecMxfp6 {
 struct BDecBuf {
   const uint16_t* buf;
   int ld;
-  static constexpr int kStep = 32;
+  static constexpr int kStep = 32, kBytes = 0;  // (never prefetched)
   void load(int i, int k, __m512i* w) const { w[0] = _mm512_loadu_si512(buf + static_cast<int64_t>(i) * ld + k); }
 };
 
@@ -122,10 +122,10 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
   for (int t = 0; t < NV; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
   for (int k = 0; k < kend; k += D::kStep) {
+    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512i w[V];
-      pf.template at<D::kStep>(i, k);
       dec.load(i, k, w);
 #pragma GCC unroll 4
       for (int t = 0; t < NV; ++t)
