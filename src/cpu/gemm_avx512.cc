@@ -87,24 +87,33 @@ struct BDecMxfp4 {
 // MXFP6: 32 codes = 24 bytes (4 codes in 3 bytes, little endian) per block. Lane L of the vector
 // takes source words 3L..3L+2 (bytes 6L..6L+5: its 8 codes), a byte shuffle puts the 16-bit window
 // holding code j into word j, a variable shift aligns it; vpermt2w looks up the 6-bit code.
+// The few-token kernel (bf16_kernel) takes the block's codes unscaled (load_unscaled: the fixed
+// table) and multiplies each block's fp32 dot product by its factor 2^(s−127) (one FMA per block
+// and activation row, where raising the two tables cost a scalar round trip, a broadcast and two
+// masked adds per block and row); the decoded-row buffer takes the raised codes (load).
 struct BDecMxfp6 {
   RowSet<kNR> rs;
   int K;
   __m512i base_lo, base_hi;  // codes 0..31, 32..63
   __mmask32 nz_lo, nz_hi;
+  const float* e8;  // e8m0_table()
   static constexpr int kStep = 32, kBytes = 24;
-  void load(int i, int k, __m512i* w) const {
+  static constexpr bool kBlockFactor = true;
+  __m512i codes(int i, int k) const {
     const uint8_t* p = rs.row[i] + (k >> 2) * 3;
     const __m512i src = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(0x00FFFFFFu, p));
     const __m512i spread = _mm512_permutexvar_epi16(
         _mm512_set_epi16(11, 11, 11, 11, 11, 11, 10, 9, 8, 8, 8, 8, 8, 8, 7, 6, 5, 5, 5, 5, 5, 5, 4, 3, 2, 2, 2, 2, 2, 2, 1, 0), src);
     const __m512i pairs = _mm512_shuffle_epi8(
         spread, _mm512_broadcast_i32x4(_mm_set_epi8(-128, 5, 5, 4, 4, 3, 4, 3, -128, 2, 2, 1, 1, 0, 1, 0)));
-    const __m512i codes = _mm512_srlv_epi16(pairs, _mm512_broadcast_i32x4(_mm_set_epi16(2, 4, 6, 0, 2, 4, 6, 0)));
-    const int s = rs.scales[i][k >> 5];
-    const __m512i d = exp_delta(s);
-    w[0] = _mm512_permutex2var_epi16(raise_exponents(base_lo, nz_lo, d), codes, raise_exponents(base_hi, nz_hi, d));
+    return _mm512_srlv_epi16(pairs, _mm512_broadcast_i32x4(_mm_set_epi16(2, 4, 6, 0, 2, 4, 6, 0)));
   }
+  void load(int i, int k, __m512i* w) const {
+    const __m512i d = exp_delta(rs.scales[i][k >> 5]);
+    w[0] = _mm512_permutex2var_epi16(raise_exponents(base_lo, nz_lo, d), codes(i, k), raise_exponents(base_hi, nz_hi, d));
+  }
+  void load_unscaled(int i, int k, __m512i* w) const { w[0] = _mm512_permutex2var_epi16(base_lo, codes(i, k), base_hi); }
+  __m512 factor(int i, int k) const { return _mm512_set1_ps(e8[rs.scales[i][k >> 5]]); }
 };
 
 // Decoded rows in a per-thread bf16 buffer (experts with more activation rows than one group).
@@ -114,6 +123,12 @@ struct BDecBuf {
   static constexpr int kStep = 32, kBytes = 0;  // (never prefetched)
   void load(int i, int k, __m512i* w) const { w[0] = _mm512_loadu_si512(buf + static_cast<int64_t>(i) * ld + k); }
 };
+
+template <class D>
+constexpr bool block_factor_of() {
+  if constexpr (requires { D::kBlockFactor; }) return D::kBlockFactor;
+  return false;
+}
 
 template <class D, int NV>
 void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int kend, float (*res)[kNR]) {
@@ -126,6 +141,15 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512i w[V];
+      if constexpr (block_factor_of<D>()) {  // one scale block per step: its dot product × its factor
+        static_assert(V == 1, "one block per step");
+        dec.load_unscaled(i, k, w);
+        const __m512 f = dec.factor(i, k);
+#pragma GCC unroll 4
+        for (int t = 0; t < NV; ++t)
+          acc[t][i] = _mm512_fmadd_ps(dpbf16(_mm512_setzero_ps(), w[0], _mm512_loadu_si512(act[t] + k)), f, acc[t][i]);
+        continue;
+      }
       dec.load(i, k, w);
 #pragma GCC unroll 4
       for (int t = 0; t < NV; ++t)
@@ -265,7 +289,7 @@ void gemm_bf16<Avx512>(const GemmArgs& a) {
       const __m512i lo = _mm512_loadu_si512(t.codes), hi = _mm512_loadu_si512(t.codes + 32);
       const __mmask32 nzl = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(0x7FFF));
       const __mmask32 nzh = _mm512_test_epi16_mask(hi, _mm512_set1_epi16(0x7FFF));
-      run_bf16<BDecMxfp6>(a, [&](const int* r) { return BDecMxfp6{row_set<kNR>(w, r, K / 32), K, lo, hi, nzl, nzh}; }, K / 32,
+      run_bf16<BDecMxfp6>(a, [&](const int* r) { return BDecMxfp6{row_set<kNR>(w, r, K / 32), K, lo, hi, nzl, nzh, e8m0_table()}; }, K / 32,
                           t.smin, t.smax);
       break;
     }
