@@ -14,6 +14,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <cstdint>
 #include <cstring>
 
@@ -66,28 +68,6 @@ inline void fp4_group(const uint8_t* p, int bytes, __m256 ta, __m256 tb, __m256*
   e[1] = e2m1_lookup(_mm256_and_si256(xb, lo_mask), tb);
   o[0] = e2m1_lookup(_mm256_srli_epi32(xa, 4), ta);
   o[1] = e2m1_lookup(_mm256_srli_epi32(xb, 4), tb);
-}
-
-// MXFP6: 8 elements = 6 bytes at byte kOff of the 16 bytes broadcast in b (both 128-bit lanes);
-// lane 0 takes bytes kOff..kOff+2 (elements 0..3), lane 1 bytes kOff+3..kOff+5. (Loading the 6
-// bytes through a scalar memcpy cost a store-forwarding stall per 8 elements.)
-template <bool kE2M3, int kOff>
-inline __m256 fp6_eight(__m256i b) {
-  constexpr char o = static_cast<char>(kOff), z = -128;
-  const __m256i idx = _mm256_setr_epi8(o, o + 1, o + 2, z, o, o + 1, o + 2, z, o, o + 1, o + 2, z, o, o + 1, o + 2, z,  //
-                                       o + 3, o + 4, o + 5, z, o + 3, o + 4, o + 5, z, o + 3, o + 4, o + 5, z, o + 3,
-                                       o + 4, o + 5, z);
-  const __m256i wv = _mm256_shuffle_epi8(b, idx);
-  const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(wv, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)), _mm256_set1_epi32(0x3F));
-  using B = Fp6ToF32<kE2M3>;  // the subnormal-free form (SmallFloatToF32, simd/common.h)
-  const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(31));
-  const __m256 f = _mm256_castsi256_ps(
-      _mm256_add_epi32(_mm256_slli_epi32(mag, B::kShl), _mm256_set1_epi32(static_cast<int>(B::kBiasBits))));
-  const __m256 sub = _mm256_fmsub_ps(f, _mm256_set1_ps(2.0f), _mm256_set1_ps(B::kSubFix));
-  const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(B::kSubBelow), mag));
-  const __m256 val = _mm256_blendv_ps(f, sub, is_sub);
-  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(c, 26), _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm256_or_ps(val, _mm256_castsi256_ps(sign));
 }
 
 // The ISA layer of the AVX2 target, as the generic kernels (simd/gemm.h) use it.
@@ -152,16 +132,46 @@ struct Avx2 {
     if (n < 32) p = padded(p, n, tmp);
     for (int j = 0; j < 4; ++j) w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(p + 8 * j)));
   }
+  // FP6 through fp16, like FP8 above: the code's five magnitude bits at fp16 bits 11..7 (E2M3:
+  // the value × 2^−14) or 12..8 (E3M2: × 2^−12) and its sign at bit 15 — exact, subnormals
+  // included — then vcvtph2ps and × s · 2^14 (2^12), or × 2^14 then × s where s · 2^14 would
+  // overflow: the same fp32 product value · s either way. 16 codes (12 bytes) per pass: a byte
+  // shuffle puts the two bytes that hold code j in 16-bit lane j, where it starts at bit 0, 6, 4 or
+  // 2 (j % 4 = 0..3); two vpmullw by per-lane powers of two shift the magnitude and the sign into
+  // place (bits shifted out of the lane are dropped).
   template <bool kE2M3>
   static void dec_fp6(const uint8_t* p, float s, F* w) {
-    const __m256 sv = _mm256_set1_ps(s);
-    // The 24 bytes of the 32 elements as two 16-byte loads inside them (bytes 0..15 and 8..23).
-    const __m256i b0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i b1 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    w[0] = _mm256_mul_ps(fp6_eight<kE2M3, 0>(b0), sv);
-    w[1] = _mm256_mul_ps(fp6_eight<kE2M3, 6>(b0), sv);
-    w[2] = _mm256_mul_ps(fp6_eight<kE2M3, 4>(b1), sv);
-    w[3] = _mm256_mul_ps(fp6_eight<kE2M3, 10>(b1), sv);
+    constexpr int kMag = kE2M3 ? 7 : 8;  // fp16 bit of the magnitude's lowest bit
+    constexpr float kUnit = kE2M3 ? 16384.0f : 4096.0f;
+    constexpr short m0 = 1 << kMag, m1 = 1 << (kMag - 6), m2 = 1 << (kMag - 4), m3 = 1 << (kMag - 2);
+    const __m256i mag_mul = _mm256_setr_epi16(m0, m1, m2, m3, m0, m1, m2, m3, m0, m1, m2, m3, m0, m1, m2, m3);
+    const __m256i sgn_mul = _mm256_setr_epi16(1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256);
+    const __m256i mag_mask = _mm256_set1_epi16(static_cast<short>(0x1F << kMag));
+    const __m256i sgn_mask = _mm256_set1_epi16(static_cast<short>(0x8000));
+    constexpr char z = -128;
+    for (int j = 0; j < 2; ++j) {
+      // Pass 0: bytes 0..11 from a load at p; pass 1: bytes 12..23 at offsets 4..15 of a load at
+      // p + 8 (inside the block's 24 bytes).
+      constexpr char o0 = 0, o1 = 4;
+      const char o = j == 0 ? o0 : o1;
+      const __m256i idx = _mm256_setr_epi8(o, o + 1, o, o + 1, o + 1, o + 2, o + 2, z, o + 3, o + 4, o + 3, o + 4, o + 4, o + 5, o + 5, z,
+                                           o + 6, o + 7, o + 6, o + 7, o + 7, o + 8, o + 8, z, o + 9, o + 10, o + 9, o + 10, o + 10,
+                                           o + 11, o + 11, z);
+      const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * j)));
+      const __m256i x = _mm256_shuffle_epi8(b, idx);
+      const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_mullo_epi16(x, mag_mul), mag_mask),
+                                        _mm256_and_si256(_mm256_mullo_epi16(x, sgn_mul), sgn_mask));
+      w[2 * j] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+      w[2 * j + 1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    }
+    const float s2 = s * kUnit;
+    if (std::isfinite(s2)) {
+      const __m256 sv = _mm256_set1_ps(s2);
+      for (int v = 0; v < 4; ++v) w[v] = _mm256_mul_ps(w[v], sv);
+    } else {
+      const __m256 u = _mm256_set1_ps(kUnit), sv = _mm256_set1_ps(s);
+      for (int v = 0; v < 4; ++v) w[v] = _mm256_mul_ps(_mm256_mul_ps(w[v], u), sv);
+    }
   }
   // FP4, 64 weights in act order [even g | even g+1 | odd g | odd g+1] as 8 vectors (see Avx512).
   static F fp4_base() { return _mm256_loadu_ps(kE2m1Mag); }
