@@ -105,6 +105,7 @@ struct CudaExperts::Impl {
   DevWeights w13, w2;
   DevBuf expert_map;
   int num_sms = 132;
+  int smem_optin = 0;  // the device's shared memory per block (opt-in maximum)
 
   // Work buffers (reserve).
   int max_T = 0, max_K = 0, cap_rows = 0;
@@ -422,6 +423,16 @@ CudaExperts::~CudaExperts() = default;
 CudaExperts::CudaExperts(CudaExperts&&) noexcept = default;
 CudaExperts& CudaExperts::operator=(CudaExperts&&) noexcept = default;
 
+// The row kernels (input quantization, activation) hold one fp32 row of H / I values in shared
+// memory: a clear error for a layer wider than the device allows, not a failed launch later.
+static void check_row_sizes(const CudaExperts::Impl& m) {
+  const int64_t widest = std::max(m.H, m.I);
+  if (widest * static_cast<int64_t>(sizeof(float)) > m.smem_optin)
+    throw Error("CUDA experts: hidden size H=" + std::to_string(m.H) + " / intermediate size I=" + std::to_string(m.I) +
+                " is too wide: the row kernels keep one fp32 row in shared memory, and this device allows " +
+                std::to_string(m.smem_optin) + " bytes per block (H, I ≤ " + std::to_string(m.smem_optin / 4) + ")");
+}
+
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
   QMOE_CUDA_CHECK(cudaSetDevice(opt.device));
   m.scheme = &s;
@@ -445,6 +456,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   m.act.limit = act.limit.value_or(0.0f);
   int dev_sms = 0;
   QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, opt.device));
+  QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&m.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opt.device));
   m.num_sms = dev_sms > 0 ? dev_sms : 132;
   if (opt.token_tile != 0 && !is_token_tile(opt.token_tile))
     throw Error("CUDA experts: token_tile must be 0, 8, 16, 32, 64 or 128, got " + std::to_string(opt.token_tile));
@@ -469,6 +481,7 @@ CudaExperts::CudaExperts(const ExpertParams& p, const CudaOptions& opt) : impl_(
     throw Error("CUDA experts: bad sizes E=" + std::to_string(m.E) + " E_loc=" + std::to_string(m.E_loc) +
                 " H=" + std::to_string(m.H) + " I=" + std::to_string(m.I) + " (E_loc ≤ " +
                 std::to_string(kMaxLocalExperts) + ")");
+  check_row_sizes(m);
   const int blk = weight_block_size(s.weight);
   if (blk > 0 && (m.H % blk != 0 || m.I % blk != 0))
     throw Error("CUDA experts: " + std::string(s.name) + " needs H and I multiples of " + std::to_string(blk) +
@@ -530,6 +543,7 @@ CudaExperts CudaExperts::random(const SchemeInfo& s, int num_experts, int hidden
   m.I = inter;
   if (m.E <= 0 || m.H <= 0 || m.I <= 0 || m.H % 64 || m.I % 64)
     throw Error("CUDA experts (random): need E > 0 and H, I multiples of 64");
+  check_row_sizes(m);
   std::vector<int32_t> map(static_cast<size_t>(m.E));
   if (expert_map.empty()) {
     for (int e = 0; e < m.E; ++e) map[e] = e;

@@ -236,6 +236,17 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
     QMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, prep_kernel<X>));
     return fa.sharedSizeBytes;
   }();
+  static const size_t optin = [] {
+    int dev = 0, v = 0;
+    QMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<size_t>(v);
+  }();
+  if (static_bytes + smem > optin) {  // a row too wide to share a block with align: two launches
+    launch_align(al, s);
+    launch_quant_input_t<X>(x, T, H, topk_w, K, on_input, q, out, bad, s);
+    return;
+  }
   static std::atomic<size_t> cfg{0};
   if (static_bytes + smem > 48 * 1024 && smem > cfg.load()) {
     QMOE_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<X>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

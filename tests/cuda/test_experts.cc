@@ -455,6 +455,19 @@ INSTANTIATE_TEST_SUITE_P(Schemes, CudaExpertsEdge, ::testing::ValuesIn(kEdgeSche
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // ---- larger problems (BT = 128 tiles, many tiles per expert) ------------------------------------
+// A layer wider than one fp32 row in a block's shared memory (H = 65536: 256 KB > the H200's
+// 227 KB) is refused at construction with the limit named, not by a failed launch later.
+TEST(CudaExperts, RefusesRowsWiderThanSharedMemory) {
+  SKIP_WITHOUT_GPU();
+  try {
+    (void)CudaExperts::random(scheme_by_name("unquantized"), 2, 65536, 64, ActivationSpec{}, 1, {});
+    FAIL() << "expected an error for H = 65536";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too wide"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("H=65536"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaExperts, LargerPrefill) {
   SKIP_WITHOUT_GPU();
   for (const char* n : {"w_mxfp4_a_mxfp4", "w_int8_channel_a_int8_dyn_token", "unquantized", "nvfp4"}) {
