@@ -38,26 +38,6 @@ __global__ void k_fp4_frag(const uint32_t* w, const uint32_t* sw, int sbyte, uin
   const uint32_t m = fp4_scale_bf16x2<kNv>(sw[u], sbyte);
   for (int j = 0; j < 4; ++j) out[4 * u + j] = bf16x2_mul_bits(o[j], m);
 }
-// One warp: D = A · B by mma.sync m16n8k32 e4m3 × e4m3 → f32 from C = 0. a: 16 × 32 codes row-major,
-// b: 8 columns × 32 codes (column-major: b[n * 32 + k]), d: 16 × 8 floats row-major. Fragment
-// layout of the 8-bit m16n8k32 shape: a_j holds row g + 8·(j & 1), k 4c + 16·(j >> 1) + 0..3; b_j k
-// 4c + 16·j + 0..3 of column g; d_j row g + 8·(j >> 1), column 2c + (j & 1) (g = lane / 4, c = lane % 4).
-__global__ void k_mma_e4m3(const uint8_t* a, const uint8_t* b, float* d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
-  uint32_t ar[4], br[2];
-  for (int j = 0; j < 4; ++j) std::memcpy(&ar[j], a + (g + 8 * (j & 1)) * 32 + 4 * c + 16 * (j >> 1), 4);
-  for (int j = 0; j < 2; ++j) std::memcpy(&br[j], b + g * 32 + 4 * c + 16 * j, 4);
-  float dr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(dr[0]), "+f"(dr[1]), "+f"(dr[2]), "+f"(dr[3])
-      : "r"(ar[0]), "r"(ar[1]), "r"(ar[2]), "r"(ar[3]), "r"(br[0]), "r"(br[1]));
-  for (int j = 0; j < 4; ++j) d[(g + 8 * (j >> 1)) * 8 + 2 * c + (j & 1)] = dr[j];
-#else
-  (void)a, (void)b, (void)d;
-#endif
-}
 __global__ void k_fp8(const uint32_t* w, uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -140,20 +120,6 @@ QuantRowsResult quantize_rows(RowQuant q, const std::vector<float>& x, int rows,
   }
   cudaFree(dx); cudaFree(hi); cudaFree(lo); cudaFree(rs); cudaFree(amax);
   return r;
-}
-
-std::vector<float> mma_e4m3_16x8x32(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  uint8_t* da = to_device(a);
-  uint8_t* db = to_device(b);
-  float* dd = nullptr;
-  QMOE_CUDA_CHECK(cudaMalloc(&dd, sizeof(float) * 128));
-  k_mma_e4m3<<<1, 32>>>(da, db, dd);
-  QMOE_CUDA_CHECK(cudaGetLastError());
-  std::vector<float> d = from_device(dd, 128);
-  cudaFree(da);
-  cudaFree(db);
-  cudaFree(dd);
-  return d;
 }
 
 }  // namespace qmoe::cuda::test

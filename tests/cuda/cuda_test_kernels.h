@@ -16,9 +16,6 @@ std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_
 // e4m3x4_to_f16x2x2 of each word (both halves) → 2 fp16x2 words per input word.
 std::vector<uint32_t> decode_fp8_units(const std::vector<uint32_t>& words);
 
-// One mma.sync m16n8k32 e4m3 × e4m3 → f32 from zero: a 16 × 32 row-major, b 8 columns × 32
-// (column-major), result 16 × 8 row-major (probe of the fp8 MMA's sums, sm_89+).
-std::vector<float> mma_e4m3_16x8x32(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
 
 struct QuantRowsResult {
   std::vector<float> hi, lo;  // bf16 operands as floats

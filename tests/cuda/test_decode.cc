@@ -70,37 +70,6 @@ TEST(CudaDecode, Fp4FragmentsTimesKernelScales) {
   }
 }
 
-// Probe for an e4m3 W4A4 GEMM (RESULTS, "Budget arithmetic for the FP4 decode GEMM"): does one
-// fp8 mma.sync sum 32 products of e2m1 values exactly? The largest block sums (all ±6: ±1152) and
-// random codes, against exact host sums. Run with --gtest_filter=CudaProbe.* (not yet a kernel's
-// premise; a failure here says the e4m3 route needs another accumulation plan).
-TEST(CudaProbe, Fp8MmaSumsOfE2m1ProductsAreExact) {
-  SKIP_WITHOUT_GPU();
-  const uint8_t kSix = fp8_e4m3_encode(6.0f);
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 64; ++trial) {
-    std::vector<uint8_t> a(16 * 32), b(8 * 32);
-    std::vector<float> av(a.size()), bv(b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      const float v = trial == 0 ? 6.0f : trial == 1 ? (i % 2 ? -6.0f : 6.0f) : fp4_e2m1_decode(static_cast<uint8_t>(rng() & 15));
-      a[i] = trial == 0 ? kSix : fp8_e4m3_encode(v);
-      av[i] = v;
-    }
-    for (size_t i = 0; i < b.size(); ++i) {
-      const float v = trial <= 1 ? 6.0f : fp4_e2m1_decode(static_cast<uint8_t>(rng() & 15));
-      b[i] = fp8_e4m3_encode(v);
-      bv[i] = v;
-    }
-    const std::vector<float> d = mma_e4m3_16x8x32(a, b);
-    for (int m = 0; m < 16; ++m)
-      for (int n = 0; n < 8; ++n) {
-        double want = 0.0;
-        for (int k = 0; k < 32; ++k) want += static_cast<double>(av[m * 32 + k]) * bv[n * 32 + k];
-        ASSERT_EQ(d[m * 8 + n], static_cast<float>(want)) << "trial " << trial << " row " << m << " col " << n;
-      }
-  }
-}
-
 TEST(CudaDecode, Fp8AllFiniteCodes) {
   SKIP_WITHOUT_GPU();
   std::vector<uint8_t> bytes;
