@@ -1,8 +1,7 @@
 // The combine arithmetic of combine_kernel (moe_kernels.cu): out[t][h] (+)= Σ_k w[t,k] · (Σ_split
 // y2p[split][t·K+k][h] + b2[e_k][h]) over the token's local routes, in the reference order — per
-// route the splits in order, plus the bias, then the weighted sum over the routes in order. (A
-// combine fused into GEMM2's last CTA per column tile was built on these helpers and measured
-// slower at 1–4 tokens: bench/RESULTS.md, 2026-12-03.)
+// route the splits in order, plus the bias, then the weighted sum over the routes in order; and
+// the predicated load helpers the row kernels share (align, act).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -207,10 +207,11 @@ static int row_threads(int n, int rows) {
   return std::min(kRowThreads, std::max(64, t));
 }
 
-// Raise a kernel's dynamic shared-memory limit only when needed and only once per size, so
-// that launches inside a CUDA-graph capture make no attribute calls after the warm-up.
-static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configured) {
-  if (bytes <= 48 * 1024 || bytes <= configured.load()) return;
+// Raise a kernel's dynamic shared-memory limit only when needed (its static shared memory plus
+// `bytes` past the 48 KB default) and only once per size, so that launches inside a CUDA-graph
+// capture make no attribute calls after the warm-up.
+static void set_smem(const void* fn, size_t bytes, std::atomic<size_t>& configured, size_t static_bytes = 0) {
+  if (static_bytes + bytes <= 48 * 1024 || bytes <= configured.load()) return;
   QMOE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   configured = bytes;
 }
@@ -248,10 +249,7 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
     return;
   }
   static std::atomic<size_t> cfg{0};
-  if (static_bytes + smem > 48 * 1024 && smem > cfg.load()) {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(prep_kernel<X>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    cfg = smem;
-  }
+  set_smem(reinterpret_cast<const void*>(prep_kernel<X>), smem, cfg, static_bytes);
   launch_pdl(prep_kernel<X>, T + 1, kAlignThreads, smem, s, al, x, H, topk_w, K, on_input, q, out, bad);
 }
 

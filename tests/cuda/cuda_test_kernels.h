@@ -16,7 +16,6 @@ std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_
 // e4m3x4_to_f16x2x2 of each word (both halves) → 2 fp16x2 words per input word.
 std::vector<uint32_t> decode_fp8_units(const std::vector<uint32_t>& words);
 
-
 struct QuantRowsResult {
   std::vector<float> hi, lo;  // bf16 operands as floats
   std::vector<int8_t> i8;     // int8 operands

@@ -15,7 +15,6 @@
 #include <immintrin.h>
 
 #include <cmath>
-
 #include <cstdint>
 #include <cstring>
 
@@ -152,8 +151,7 @@ struct Avx2 {
     for (int j = 0; j < 2; ++j) {
       // Pass 0: bytes 0..11 from a load at p; pass 1: bytes 12..23 at offsets 4..15 of a load at
       // p + 8 (inside the block's 24 bytes).
-      constexpr char o0 = 0, o1 = 4;
-      const char o = j == 0 ? o0 : o1;
+      const char o = static_cast<char>(4 * j);
       const __m256i idx = _mm256_setr_epi8(o, o + 1, o, o + 1, o + 1, o + 2, o + 2, z, o + 3, o + 4, o + 3, o + 4, o + 4, o + 5, o + 5, z,
                                            o + 6, o + 7, o + 6, o + 7, o + 7, o + 8, o + 8, z, o + 9, o + 10, o + 9, o + 10, o + 10,
                                            o + 11, o + 11, z);
