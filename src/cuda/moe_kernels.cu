@@ -303,7 +303,10 @@ __device__ __forceinline__ float act_fn(const ActParams& p, float g, float u) {
 
 constexpr int kActIlp = 8;  // act_kernel: elements per thread whose loads are in flight together
 
-__global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int ksplit, int TK, int I,
+// Block (slot, c) computes columns [c · cw, c · cw + n) of the slot's intermediate row (cw a
+// multiple of 32; gridDim.y = 1 and cw = I for the per-token dynamic modes, whose scale needs the
+// whole row).
+__global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int ksplit, int TK, int I, int cw,
                                                           const int32_t* slot_local, const float* b13,
                                                           const ActParams p, const RowQuant q, const RowOut o,
                                                           bool defer, float* zbuf, unsigned* amax_bits) {
@@ -314,6 +317,8 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   const int slot = blockIdx.x;
   const int le = slot_local[slot];
   if (le < 0) return;
+  const int c0 = static_cast<int>(blockIdx.y) * cw;
+  const int n = min(cw, I - c0);
   const int N = 2 * I;
   const int64_t split_stride = static_cast<int64_t>(TK) * N;
   const float* y = y1p + static_cast<int64_t>(slot) * N;
@@ -322,9 +327,10 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   // decode a handful of blocks stream whole rows, and one load per round trip left them
   // latency-bound). The sums keep the split order of the reference.
   const int nthr = blockDim.x;
-  auto gate_at = [&](int j) { return p.interleaved ? 2 * j : j; };
-  auto up_at = [&](int j) { return p.interleaved ? 2 * j + 1 : I + j; };
-  for (int j0 = threadIdx.x; j0 < I; j0 += kActIlp * nthr) {
+  // j: column within the chunk; the row's column is c0 + j.
+  auto gate_at = [&](int j) { return p.interleaved ? 2 * (c0 + j) : c0 + j; };
+  auto up_at = [&](int j) { return p.interleaved ? 2 * (c0 + j) + 1 : I + c0 + j; };
+  for (int j0 = threadIdx.x; j0 < n; j0 += kActIlp * nthr) {
     float g[kActIlp], u[kActIlp], gv[kActIlp], uv[kActIlp];
 #pragma unroll
     for (int q = 0; q < kActIlp; ++q) g[q] = u[q] = 0.0f;
@@ -333,12 +339,12 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
 #pragma unroll
       for (int q = 0; q < kActIlp; ++q) {  // all loads first (ld_issue), then the sums
         const int j = j0 + q * nthr;
-        gv[q] = ld_issue(ys + gate_at(j), j < I, 0.0f);
-        uv[q] = ld_issue(ys + up_at(j), j < I, 0.0f);
+        gv[q] = ld_issue(ys + gate_at(j), j < n, 0.0f);
+        uv[q] = ld_issue(ys + up_at(j), j < n, 0.0f);
       }
 #pragma unroll
       for (int q = 0; q < kActIlp; ++q) {
-        if (j0 + q * nthr < I) {
+        if (j0 + q * nthr < n) {
           g[q] += gv[q];
           u[q] += uv[q];
         }
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
 #pragma unroll
     for (int q = 0; q < kActIlp; ++q) {
       const int j = j0 + q * nthr;
-      if (j >= I) break;
+      if (j >= n) break;
       if (b) {
         g[q] += b[gate_at(j)];
         u[q] += b[up_at(j)];
@@ -357,22 +363,41 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   }
   __syncthreads();
   if (defer) {
-    for (int j = threadIdx.x; j < I; j += blockDim.x) zbuf[static_cast<int64_t>(slot) * I + j] = sz[j];
-    const float m = block_absmax(sz, I, red);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) zbuf[static_cast<int64_t>(slot) * I + c0 + j] = sz[j];
+    const float m = block_absmax(sz, n, red);
     if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
   } else {
-    quantize_row(sz, I, q, o, slot, red);
+    quantize_row(sz, n, q, o, slot, red, c0);
   }
+}
+
+static bool act_split_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_ACT_SPLIT");
+  return on;
+}
+
+// Columns per act_kernel block: the whole row at prefill (one row per block fills the GPU) and for
+// the per-token dynamic modes; at decode a few rows would leave most SMs idle while each block
+// streams a long row (mixtral's I = 14336: 20 µs for 32 rows, bench/RESULTS.md 2026-12-03), so
+// rows split into chunks of ≥ kActMinChunk columns until ~kActDecodeBlocks blocks run.
+constexpr int kActDecodeBlocks = 264;
+constexpr int kActMinChunk = 1024;
+static int act_chunk(int I, int TK, ActQuant mode) {
+  if (TK >= kPrefillRows || mode == ActQuant::Fp8DynToken || mode == ActQuant::Int8DynToken || !act_split_enabled())
+    return I;
+  const int chunks = std::max(1, std::min((kActDecodeBlocks + TK - 1) / TK, I / kActMinChunk));
+  return ((I + chunks - 1) / chunks + 31) / 32 * 32;
 }
 
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
                 unsigned* amax_bits, cudaStream_t s) {
-  const size_t smem = static_cast<size_t>(I) * sizeof(float);
+  const int cw = act_chunk(I, TK, q.mode);
+  const size_t smem = static_cast<size_t>(cw) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(act_kernel), smem, cfg);
-  launch_pdl(act_kernel, TK, row_threads(I, TK), smem, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out, defer, zbuf,
-             amax_bits);
+  launch_pdl(act_kernel, dim3(TK, (I + cw - 1) / cw), row_threads(cw, TK), smem, s, y1p, ksplit, TK, I, cw, slot_local,
+             b13, act, q, out, defer, zbuf, amax_bits);
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -55,11 +55,15 @@ __device__ __forceinline__ void mx_quantize_row(const float* v, int n, MxScaleMo
   }
 }
 
-// Quantize row `row` (values v[0..n) in shared memory) into o.
-__device__ inline void quantize_row(const float* v, int n, const RowQuant& q, const RowOut& o, int64_t row, float* red) {
-  __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + row * o.stride;
-  __nv_bfloat16* lo = o.a_lo ? static_cast<__nv_bfloat16*>(o.a_lo) + row * o.stride : nullptr;
-  int8_t* i8 = static_cast<int8_t*>(o.a_hi) + row * o.stride;
+// Quantize row `row` (values v[0..n) in shared memory) into o, from column col0 on (a chunk of the
+// row: col0 a multiple of 32, so MX and NVFP4 blocks are whole; the per-token dynamic modes need
+// the whole row, col0 = 0).
+__device__ inline void quantize_row(const float* v, int n, const RowQuant& q, const RowOut& o, int64_t row, float* red,
+                                    int col0 = 0) {
+  const int64_t at = row * o.stride + col0;
+  __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + at;
+  __nv_bfloat16* lo = o.a_lo ? static_cast<__nv_bfloat16*>(o.a_lo) + at : nullptr;
+  int8_t* i8 = static_cast<int8_t*>(o.a_hi) + at;
   const int tid = threadIdx.x;
   switch (q.mode) {
     case ActQuant::None:
@@ -106,7 +110,7 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
       }
       const float inv = 1.0f / s;
       if (q.f16) {
-        __half* h16 = static_cast<__half*>(o.a_hi) + row * o.stride;
+        __half* h16 = static_cast<__half*>(o.a_hi) + at;
         for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq_fp8_act(v[i], inv));
       } else {
         for (int i = tid; i < n; i += blockDim.x) hi[i] = __float2bfloat16_rn(qdq_fp8_act(v[i], inv));

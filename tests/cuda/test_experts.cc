@@ -444,6 +444,30 @@ TEST_P(CudaExpertsEdge, NonFiniteDeviceInputsGiveNaNRows) {
     }
   }
 }
+// Decode with long intermediate rows: act_kernel splits each row over several blocks (act_chunk in
+// moe_kernels.cu, ≥ 1024 columns each; the per-token dynamic modes keep whole rows) — I = 3072
+// (three chunks of 1024) and 2080 (1056 + 1024), 1 and 3 tokens, gate / up halves and interleaved
+// (gpt-oss) with swigluoai's limit.
+TEST_P(CudaExpertsEdge, DecodeSplitsLongIntermediateRows) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  for (const int I : {3072, 2080})
+    for (const int T : {1, 3})
+      for (const bool interleaved : {false, true}) {
+        Problem pb;
+        pb.T = T;
+        pb.H = 128;
+        pb.I = I;
+        pb.E = 4;
+        if (interleaved) {
+          pb.act.kind = Activation::SwigluOai;
+          pb.act.interleaved = true;
+          pb.act.limit = 7.0f;
+        }
+        const std::string what = "I=" + std::to_string(I) + " T=" + std::to_string(T) + (interleaved ? " interleaved" : "");
+        expect_exact(s, run_problem(s, pb), pb.T, what);
+      }
+}
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
