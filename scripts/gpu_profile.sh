@@ -3,7 +3,8 @@
 # work: for each (shape, scheme, T) point, `qmoe bench --device cuda` runs once under ncu and the
 # layer's kernels (align, input quantization, GEMM1, activation, GEMM2, combine) are profiled with
 # the Speed-of-Light, warp-state and compute/memory sections (clocks as found: --clock-control
-# none). Prints one line per kernel: duration, DRAM / L2 / SM throughput, issue-slot use, top stall
+# none). Prints one line per kernel: duration, DRAM / L2 / SM throughput, issue-slot use, the
+# tensor pipe's busy share (HMMA and wgmma on bf16 / f16; INT8's IMMA reads 0 there), top stall
 # reasons; the full CSVs stay in $PROFILE_OUT.
 #
 # Usage: scripts/gpu_profile.sh POINT...   with POINT = shape:scheme:T (after `make gpu-check` or
@@ -28,6 +29,7 @@ for point in "$@"; do
   # the kernels profiled (6 per call, 8 with the tensor-wide fp8 passes).
   "$NCU" --clock-control none -k "$KERNELS" -c 8 --csv --page raw \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
     "$BUILD/qmoe" bench --device cuda --shapes "$shape" --schemes "$scheme" --tokens "$T" --reps 1 --copies 1 \
     --no-anchor >"$csv" 2>"$OUTDIR/$name.err" || { echo "ncu failed for $point:"; tail -5 "$OUTDIR/$name.err"; continue; }
   echo "== $point"
@@ -56,6 +58,7 @@ for r in rows[start:]:
     print(f"  {name:60s} {g(r,'gpu__time_duration.sum'):>9s} {units[col['gpu__time_duration.sum']] if 'gpu__time_duration.sum' in col else ''}  grid {g(r,'launch__grid_size'):>6s} regs {g(r,'launch__registers_per_thread'):>4s}"
           f" dram% {g(r,'gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):>6s} l2% {g(r,'lts__throughput.avg.pct_of_peak_sustained_elapsed'):>6s}"
           f" sm% {g(r,'sm__throughput.avg.pct_of_peak_sustained_elapsed'):>6s} issue% {g(r,'sm__inst_issued.avg.pct_of_peak_sustained_active'):>6s}"
+          f" tensor% {g(r,'sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'):>6s}"
           f" occ% {g(r,'sm__warps_active.avg.pct_of_peak_sustained_active'):>6s}  stalls " + ", ".join(f"{n} {v:.2f}" for v, n in st[:4]))
 PY
 done
