@@ -109,7 +109,14 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
 DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage, double tokens_per_expert) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
-  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) return DotKind::Fp4Mx;
+  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) {
+    // MXFP4 W4A4 from kW4a4Bf16Tokens tokens per expert on (prefill) on the avx512bf16 target: both
+    // operands are exact in bf16 (e2m1 · 2^s), so vdpbf16ps over the once-decoded weight rows (one
+    // term) beats the exact integer block sums, whose per-block conversion and scaling cost more
+    // than the products once the decode is shared by many tokens.
+    if (isa == Isa::Avx512Bf16 && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
+    return DotKind::Fp4Mx;
+  }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   if (isa == Isa::Avx512Bf16) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the

@@ -75,6 +75,10 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out);
 // call's average routed tokens per local expert (T·K / E_loc; only a speed choice).
 DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage = DType::BF16,
                      double tokens_per_expert = 1.0);
+// Tokens per expert from which MXFP4 W4A4 takes the Bf16 kind on avx512bf16 (measured on a Zen 5,
+// qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
+// 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
+inline constexpr double kW4a4Bf16Tokens = 8.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
