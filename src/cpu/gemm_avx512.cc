@@ -60,27 +60,42 @@ inline __m512i raise_exponents(__m512i tab, __mmask32 nonzero, __m512i delta) {
 }
 inline __m512i exp_delta(int s) { return _mm512_set1_epi16(static_cast<short>((s - 127) << 7)); }
 
+// The few-token kernel (bf16_kernel) takes the codes unscaled (load_unscaled: the fixed table)
+// and multiplies each step's fp32 products by [2^(s_g−127) ×8 | 2^(s_g+1−127) ×8] (factor: the
+// fp32 lanes 0–7 of a step hold block g's products, 8–15 block g + 1's), one FMA per step, row and
+// activation row instead of raising the table per step and row; the decoded-row buffer takes the
+// raised codes (load).
 struct BDecMxfp4 {
   RowSet<kNR> rs;
   int K;
   __m512i base;      // codes 0..15 twice
   __mmask32 nonzero; // entries that are not ±0
+  const float* e8;   // e8m0_table()
   static constexpr int kStep = 64, kBytes = 32;
-  void load(int i, int k, __m512i* w) const {
-    const int g = k >> 5;
-    const uint8_t* sc = rs.scales[i];
+  static constexpr bool kBlockFactor = true;
+  void words(int i, int k, __m512i tab, __m512i* w) const {
     const uint8_t* p = rs.row[i] + (k >> 1);
-    const bool two = k + 64 <= K;  // else only group g (K % 64 == 32)
-    const __m256i bytes = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                              : _mm256_maskz_loadu_epi8(0xFFFFu, p);
-    const __m512i delta = _mm512_mask_blend_epi16(0xFFFF0000u, exp_delta(sc[g]), exp_delta(two ? sc[g + 1] : 127));
-    const __m512i tab = raise_exponents(base, nonzero, delta);
+    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
     const __m512i x = _mm512_cvtepu8_epi16(bytes);
     const __m512i sel = _mm512_set_epi64(0x0010001000100010ll, 0x0010001000100010ll, 0x0010001000100010ll, 0x0010001000100010ll, 0, 0, 0, 0);
     const __m512i lo = _mm512_ternarylogic_epi64(x, _mm512_set1_epi16(0x000F), sel, 0xEA);  // (x & 15) | sel
     const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(x, 4), sel);
     w[0] = _mm512_permutexvar_epi16(lo, tab);  // even elements of g | of g+1
     w[1] = _mm512_permutexvar_epi16(hi, tab);  // odd elements
+  }
+  void load(int i, int k, __m512i* w) const {
+    const int g = k >> 5;
+    const uint8_t* sc = rs.scales[i];
+    const bool two = k + 64 <= K;
+    const __m512i delta = _mm512_mask_blend_epi16(0xFFFF0000u, exp_delta(sc[g]), exp_delta(two ? sc[g + 1] : 127));
+    words(i, k, raise_exponents(base, nonzero, delta), w);
+  }
+  void load_unscaled(int i, int k, __m512i* w) const { words(i, k, base, w); }
+  __m512 factor(int i, int k) const {
+    const int g = k >> 5;
+    const float f1 = k + 64 <= K ? e8[rs.scales[i][g + 1]] : 0.0f;
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8[rs.scales[i][g]]), _mm512_set1_ps(f1));
   }
 };
 
@@ -141,13 +156,16 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512i w[V];
-      if constexpr (block_factor_of<D>()) {  // one scale block per step: its dot product × its factor
-        static_assert(V == 1, "one block per step");
+      if constexpr (block_factor_of<D>()) {  // the step's products × its block factors (D::factor)
         dec.load_unscaled(i, k, w);
         const __m512 f = dec.factor(i, k);
 #pragma GCC unroll 4
-        for (int t = 0; t < NV; ++t)
-          acc[t][i] = _mm512_fmadd_ps(dpbf16(_mm512_setzero_ps(), w[0], _mm512_loadu_si512(act[t] + k)), f, acc[t][i]);
+        for (int t = 0; t < NV; ++t) {
+          __m512 p = dpbf16(_mm512_setzero_ps(), w[0], _mm512_loadu_si512(act[t] + k));
+#pragma GCC unroll 2
+          for (int v = 1; v < V; ++v) p = dpbf16(p, w[v], _mm512_loadu_si512(act[t] + k + 32 * v));
+          acc[t][i] = _mm512_fmadd_ps(p, f, acc[t][i]);
+        }
         continue;
       }
       dec.load(i, k, w);
@@ -279,7 +297,7 @@ void gemm_bf16<Avx512>(const GemmArgs& a) {
       for (int c = 0; c < 32; ++c) b32[c] = t.codes[c & 15];
       const __m512i base = _mm512_loadu_si512(b32);
       const __mmask32 nz = _mm512_test_epi16_mask(base, _mm512_set1_epi16(0x7FFF));
-      run_bf16<BDecMxfp4>(a, [&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz}; }, K / 32, t.smin,
+      run_bf16<BDecMxfp4>(a, [&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz, e8m0_table()}; }, K / 32, t.smin,
                           t.smax);
       break;
     }
