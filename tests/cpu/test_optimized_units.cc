@@ -23,6 +23,7 @@
 #include "cpu/thread_pool.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
+#include "qmoe/schemes.h"
 
 namespace qmoe::cpu {
 namespace {
@@ -534,6 +535,27 @@ TEST(OptimizedUnits, ActivationsMatchReference) {
                                            << y[static_cast<size_t>(j)];
         }
       }
+    }
+  }
+}
+
+// The dot-product kind is a speed choice (dot_kind_for): MXFP4 W4A4 keeps its exact integer
+// block sums at decode and takes the Bf16 kind from kW4a4Bf16Tokens tokens per expert, on
+// avx512bf16 only; NVFP4 W4A4 and INT8 W8A8 keep their integer kinds at every token count.
+TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
+  const SchemeInfo& mx = scheme_by_name("w_mxfp4_a_mxfp4");
+  const SchemeInfo& nv = scheme_by_name("nvfp4");
+  const SchemeInfo& i8 = scheme_by_name("w_int8_channel_a_int8_dyn_token");
+  for (int gemm : {1, 2}) {
+    for (double tpe : {0.1, 1.0, 4.0, kW4a4Bf16Tokens - 0.5}) {
+      EXPECT_EQ(DotKind::Fp4Mx, dot_kind_for(mx, Isa::Avx512Bf16, gemm, DType::BF16, tpe)) << tpe;
+    }
+    for (double tpe : {kW4a4Bf16Tokens, 16.0, 128.0}) {
+      EXPECT_EQ(DotKind::Bf16, dot_kind_for(mx, Isa::Avx512Bf16, gemm, DType::BF16, tpe)) << tpe;
+      for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+        EXPECT_EQ(DotKind::Fp4Mx, dot_kind_for(mx, isa, gemm, DType::BF16, tpe)) << isa_name(isa);
+      EXPECT_EQ(DotKind::Fp4Nv, dot_kind_for(nv, Isa::Avx512Bf16, gemm, DType::BF16, tpe));
+      EXPECT_EQ(DotKind::I8, dot_kind_for(i8, Isa::Avx512Bf16, gemm, DType::BF16, tpe));
     }
   }
 }
