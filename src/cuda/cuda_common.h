@@ -185,17 +185,18 @@ void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk
 // launch_align and launch_quant_input as one launch (T + 1 blocks): one kernel boundary fewer on
 // a decode step's critical path. The GEMM after it must read the tile lists after its pdl_wait
 // (GemmArgs::tiles_after_wait). Used for T < kFusedPrepMaxRows without a tensor-wide scale pass
-// (QMOE_CUDA_FUSE_PREP=0 in the environment turns it off).
+// (QMOE_CUDA_FUSE_PREP=0 in the environment turns it off). smem_optin: the device's opt-in shared
+// memory per block; a row too wide to share a block with align takes the two launches.
 constexpr int kFusedPrepMaxRows = 512;
 void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
-                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, int smem_optin, cudaStream_t s);
 bool fused_prep_enabled();
 // GEMM1 consumer: y1 = Σ_split y1p + b13, z = act(gate, up) per local slot, quantized into `out`.
 // With defer (per-tensor dynamic), z goes to zbuf [TK][I] and its max |z| to q.tensor_amax, and
-// launch_quant_rows quantizes afterwards.
+// launch_quant_rows quantizes afterwards. num_sms: the device's SM count (the decode row split).
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
-                unsigned* amax_bits, cudaStream_t s);
+                unsigned* amax_bits, int num_sms, cudaStream_t s);
 void launch_quant_rows(const float* zbuf, int TK, int I, const int32_t* slot_local, const RowQuant& q,
                        const RowOut& out, cudaStream_t s);
 // out[t][h] (+)= Σ_k w[t,k] · (Σ_split y2p[split][t·K+k][h] + b2[e][h]) over local slots.

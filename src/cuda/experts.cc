@@ -747,7 +747,9 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   }
   const int eb = m.a_elem_bytes();
   RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
-  if (fuse_prep) launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  if (fuse_prep)
+    launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(),
+                m.smem_optin, s);
   else launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
@@ -785,7 +787,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
 
   RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
-             dyn_tensor, m.zbuf.as<float>(), amax + 1, s);
+             dyn_tensor, m.zbuf.as<float>(), amax + 1, m.num_sms, s);
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
   const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);

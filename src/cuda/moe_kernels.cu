@@ -227,7 +227,7 @@ void launch_quant_input_t(const void* x, int T, int H, const float* topk_w, int 
 
 template <XType X>
 void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float* topk_w, int K, bool on_input,
-                   const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
+                   const RowQuant& q, const RowOut& out, int32_t* bad, int smem_optin, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(H) * sizeof(float);
   // align's static shared memory (~41 KB: kMaxLocalExperts counters, the scan) and the row's
   // dynamic part together pass the 48 KB default from H ≈ 1800: opt in for the dynamic part
@@ -237,13 +237,8 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
     QMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, prep_kernel<X>));
     return fa.sharedSizeBytes;
   }();
-  static const size_t optin = [] {
-    int dev = 0, v = 0;
-    QMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    QMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<size_t>(v);
-  }();
-  if (static_bytes + smem > optin) {  // a row too wide to share a block with align: two launches
+  // A row too wide to share a block with align: two launches.
+  if (static_bytes + smem > static_cast<size_t>(smem_optin)) {
     launch_align(al, s);
     launch_quant_input_t<X>(x, T, H, topk_w, K, on_input, q, out, bad, s);
     return;
@@ -259,11 +254,11 @@ bool fused_prep_enabled() {
 }
 
 void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
-                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s) {
+                 bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, int smem_optin, cudaStream_t s) {
   switch (xt) {
-    case XType::F32: launch_prep_t<XType::F32>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
-    case XType::BF16: launch_prep_t<XType::BF16>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
-    case XType::F16: launch_prep_t<XType::F16>(al, x, T, H, topk_w, K, on_input, q, out, bad, s); break;
+    case XType::F32: launch_prep_t<XType::F32>(al, x, T, H, topk_w, K, on_input, q, out, bad, smem_optin, s); break;
+    case XType::BF16: launch_prep_t<XType::BF16>(al, x, T, H, topk_w, K, on_input, q, out, bad, smem_optin, s); break;
+    case XType::F16: launch_prep_t<XType::F16>(al, x, T, H, topk_w, K, on_input, q, out, bad, smem_optin, s); break;
   }
 }
 
@@ -379,20 +374,21 @@ static bool act_split_enabled() {
 // Columns per act_kernel block: the whole row at prefill (one row per block fills the GPU) and for
 // the per-token dynamic modes; at decode a few rows would leave most SMs idle while each block
 // streams a long row (mixtral's I = 14336: 20 µs for 32 rows, bench/RESULTS.md 2026-12-03), so
-// rows split into chunks of ≥ kActMinChunk columns until ~kActDecodeBlocks blocks run.
-constexpr int kActDecodeBlocks = 264;
+// rows split into chunks of ≥ kActMinChunk columns until ~kActBlocksPerSm blocks per SM run.
+constexpr int kActBlocksPerSm = 2;
 constexpr int kActMinChunk = 1024;
-static int act_chunk(int I, int TK, ActQuant mode) {
+static int act_chunk(int I, int TK, ActQuant mode, int num_sms) {
   if (TK >= kPrefillRows || mode == ActQuant::Fp8DynToken || mode == ActQuant::Int8DynToken || !act_split_enabled())
     return I;
-  const int chunks = std::max(1, std::min((kActDecodeBlocks + TK - 1) / TK, I / kActMinChunk));
+  const int blocks = kActBlocksPerSm * num_sms;
+  const int chunks = std::max(1, std::min((blocks + TK - 1) / TK, I / kActMinChunk));
   return ((I + chunks - 1) / chunks + 31) / 32 * 32;
 }
 
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
-                unsigned* amax_bits, cudaStream_t s) {
-  const int cw = act_chunk(I, TK, q.mode);
+                unsigned* amax_bits, int num_sms, cudaStream_t s) {
+  const int cw = act_chunk(I, TK, q.mode, num_sms);
   const size_t smem = static_cast<size_t>(cw) * sizeof(float);
   static std::atomic<size_t> cfg{0};
   set_smem(reinterpret_cast<const void*>(act_kernel), smem, cfg);
