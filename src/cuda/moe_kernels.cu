@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/combine.cuh"
 #include "cuda/cuda_common.h"
@@ -366,6 +367,218 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
   }
 }
 
+// ---- activation, vector form ---------------------------------------------------------------
+// For the modes whose quantization needs no statistic of the whole row (none, MX, NVFP4, static
+// FP8 / INT8; act_vec_mode): one thread per V consecutive intermediate features, kIlp such groups
+// per thread with their loads in flight together, kSplits split partials at a time; an MX (32) /
+// NVFP4 (16) block's maximum comes from the 32 / V (16 / V) lanes that hold it (shuffles). No
+// shared-memory row and no block barrier. Prefill takes V = 4 (16-byte partial and bias loads,
+// 8-byte stores, blocks sized to the row; 4 groups per thread once there are kActVecWaves waves of
+// them: act_kernel ran there at ~40 % of the bandwidth its bytes need, bench/RESULTS.md
+// 2026-12-03); decode V = 1 (one feature per thread, 4 split partials at a time: a short chain per
+// thread while a few rows fill few SMs).
+// Same arithmetic as act_kernel + quantize_row (partials summed in split order, bias, act_fn, the
+// formats.h / qdq_fast.h quantizers): the same outputs bit for bit.
+constexpr int kActVecThreads = 256;
+constexpr int kActVecWaves = 8;  // waves of 2048 threads per SM from which a thread takes 4 groups
+
+__device__ __forceinline__ float lanes_max(float m, int lanes) {  // over aligned groups of `lanes`
+  for (int o = 1; o < lanes; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  return m;
+}
+
+// Stores V consecutive outputs (one 8 / 4-byte store for V = 4).
+template <int V, class T>
+__device__ __forceinline__ void st_v(T* p, const T (&v)[V]) {
+  if constexpr (V == 1) {
+    *p = v[0];
+  } else {
+    static_assert(V == 4 && (sizeof(T) == 2 || sizeof(T) == 1), "4 16- or 8-bit outputs");
+    using W = typename std::conditional<sizeof(T) == 2, uint2, uint32_t>::type;
+    W w;
+    memcpy(&w, v, sizeof(W));
+    *reinterpret_cast<W*>(p) = w;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ float absmax_v(const float (&z)[V]) {
+  float m = fabsf(z[0]);
+#pragma unroll
+  for (int c = 1; c < V; ++c) m = fmaxf(m, fabsf(z[c]));
+  return m;
+}
+
+template <class F, int V>
+__device__ __forceinline__ void mx_qdq_v(const float (&z)[V], bool on, MxScaleMode mode, __nv_bfloat16* hi) {
+  const int sh = mx_shared_exponent(lanes_max(absmax_v(z), kMxBlock / V), F::kElem, mode);
+  __nv_bfloat16 h[V];
+#pragma unroll
+  for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(mx_qdq<F>(z[c], sh));
+  if (on) st_v<V>(hi, h);
+}
+
+template <int V, int kIlp, int kSplits>
+__global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1p, int ksplit, int TK, int I,
+                                                                  const int32_t* slot_local, const float* b13,
+                                                                  const ActParams p, const RowQuant q,
+                                                                  const RowOut o) {
+  static_assert(V == 1 || V == 4, "1 or 4 features per thread");
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
+  const int slot = blockIdx.x;
+  const int le = slot_local[slot];
+  if (le < 0) return;  // uniform over the block: the shuffles below see whole warps
+  const int N = 2 * I;
+  const int64_t split_stride = static_cast<int64_t>(TK) * N;
+  const float* y = y1p + static_cast<int64_t>(slot) * N;
+  const float* b = b13 ? b13 + static_cast<int64_t>(le) * N : nullptr;
+  const int nt = static_cast<int>(blockDim.x);  // a multiple of 32
+  const int fb = (static_cast<int>(blockIdx.y) * kIlp * nt + static_cast<int>(threadIdx.x)) * V;
+  auto feat = [&](int r) { return fb + r * nt * V; };
+  // Gate and up of features f..f+V−1 from row r (a split partial or the bias), [g0 g1 g2 g3] and
+  // [u0 u1 u2 u3] or interleaved [g0 u0 g1 u1] [g2 u2 g3 u3]: loads at addresses chosen by select,
+  // unconditional (an out-of-range group reads the row's start and takes zeros), so that a run of
+  // them has no branch and no order the compiler must keep (act_kernel's predicated volatile loads
+  // came out interleaved with the adds of the group before here).
+  const bool il = p.interleaved;
+  auto load_gu = [&](const float* r, int f, bool on, float (&g)[V], float (&u)[V]) {
+    if constexpr (V == 4) {
+      const float4 a = *reinterpret_cast<const float4*>(r + (on ? (il ? 2 * f : f) : 0));
+      const float4 c = *reinterpret_cast<const float4*>(r + (on ? (il ? 2 * f + 4 : I + f) : 0));
+      g[0] = on ? a.x : 0.0f, u[0] = on ? (il ? a.y : c.x) : 0.0f;
+      g[1] = on ? (il ? a.z : a.y) : 0.0f, u[1] = on ? (il ? a.w : c.y) : 0.0f;
+      g[2] = on ? (il ? c.x : a.z) : 0.0f, u[2] = on ? (il ? c.y : c.z) : 0.0f;
+      g[3] = on ? (il ? c.z : a.w) : 0.0f, u[3] = on ? (il ? c.w : c.w) : 0.0f;
+    } else {
+      const float a = r[on ? (il ? 2 * f : f) : 0];
+      const float c = r[on ? (il ? 2 * f + 1 : I + f) : 0];
+      g[0] = on ? a : 0.0f, u[0] = on ? c : 0.0f;
+    }
+  };
+  float g[kIlp][V], u[kIlp][V];
+#pragma unroll
+  for (int r = 0; r < kIlp; ++r)
+#pragma unroll
+    for (int c = 0; c < V; ++c) g[r][c] = u[r][c] = 0.0f;
+  for (int s0 = 0; s0 < ksplit; s0 += kSplits) {
+    float gv[kSplits][kIlp][V], uv[kSplits][kIlp][V];
+#pragma unroll
+    for (int k = 0; k < kSplits; ++k)
+#pragma unroll
+      for (int r = 0; r < kIlp; ++r)
+        load_gu(y + min(s0 + k, ksplit - 1) * split_stride, feat(r), feat(r) < I && s0 + k < ksplit, gv[k][r],
+                uv[k][r]);  // a split past ksplit reads the last one's row (in bounds) and takes zeros
+    // Sums in split order; a split past ksplit adds the +0.0 its load took, which changes no sum
+    // (the sums start at +0.0 and are never −0.0), and no branch lets the compiler sink the loads.
+#pragma unroll
+    for (int k = 0; k < kSplits; ++k) {
+#pragma unroll
+      for (int r = 0; r < kIlp; ++r)
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+          g[r][c] += gv[k][r][c];
+          u[r][c] += uv[k][r][c];
+        }
+    }
+  }
+  const int64_t orow = static_cast<int64_t>(slot) * o.stride;
+#pragma unroll
+  for (int r = 0; r < kIlp; ++r) {
+    const int f = feat(r);
+    const bool on = f < I;  // V = 4 needs I % 4 == 0: a group is wholly in or out
+    float z[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) z[c] = 0.0f;
+    if (on) {
+      if (b) {
+        float bg[V], bu[V];
+        load_gu(b, f, true, bg, bu);
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+          g[r][c] += bg[c];
+          u[r][c] += bu[c];
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < V; ++c) z[c] = act_fn(p, g[r][c], u[r][c]);
+    }
+    __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + orow + f;
+    switch (q.mode) {
+      case ActQuant::None:
+        if (on) {
+          __nv_bfloat16 h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(z[c]);
+          st_v<V>(hi, h);
+          if (q.split) {
+            __nv_bfloat16 l[V];
+#pragma unroll
+            for (int c = 0; c < V; ++c) l[c] = __float2bfloat16_rn(z[c] - __bfloat162float(h[c]));
+            st_v<V>(static_cast<__nv_bfloat16*>(o.a_lo) + orow + f, l);
+          }
+        }
+        break;
+      case ActQuant::Mxfp4: mx_qdq_v<QdqFp4E2M1>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Mxfp6E2M3: mx_qdq_v<QdqFp6E2M3>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Mxfp6E3M2: mx_qdq_v<QdqFp6E3M2>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Nvfp4: {
+        const Nvfp4Block blk(lanes_max(absmax_v(z), kNvfp4Block / V), q.static_scale);
+        __nv_bfloat16 h[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(blk.qdq(z[c]));
+        if (on) st_v<V>(hi, h);
+        break;
+      }
+      case ActQuant::Fp8Static: {
+        const float inv = 1.0f / q.static_scale;
+        if (!on) break;
+        if (q.f16) {
+          __half h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2half_rn(qdq_fp8_act(z[c], inv));
+          st_v<V>(static_cast<__half*>(o.a_hi) + orow + f, h);
+        } else {
+          __nv_bfloat16 h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(qdq_fp8_act(z[c], inv));
+          st_v<V>(hi, h);
+        }
+        break;
+      }
+      case ActQuant::Int8Static: {
+        if (!on) break;
+        int8_t i8[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) i8[c] = int8_quantize_static(z[c], q.static_scale);
+        st_v<V>(static_cast<int8_t*>(o.a_hi) + orow + f, i8);
+        break;
+      }
+      default: break;  // not taken: act_vec_mode
+    }
+  }
+}
+
+static bool act_vec_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_ACT_VEC");
+  return on;
+}
+
+// The vector kernel's modes (quantization local to an element or an MX / NVFP4 block), and for
+// V = 4 whole 4-feature groups with 16-byte aligned partial / bias rows and 4-element aligned outputs.
+static bool act_vec_mode(const RowQuant& q, bool defer) {
+  return act_vec_enabled() && !defer &&
+         (q.mode == ActQuant::None || q.mode == ActQuant::Mxfp4 || q.mode == ActQuant::Mxfp6E2M3 ||
+          q.mode == ActQuant::Mxfp6E3M2 || q.mode == ActQuant::Nvfp4 || q.mode == ActQuant::Fp8Static ||
+          q.mode == ActQuant::Int8Static);
+}
+static bool act_vec4_fits(int I, const float* y1p, const float* b13, const RowQuant& q, const RowOut& o) {
+  auto al = [](const void* ptr, unsigned n) { return reinterpret_cast<uintptr_t>(ptr) % n == 0; };
+  const unsigned ob = q.mode == ActQuant::Int8Static ? 4 : 8;  // bytes of 4 outputs
+  return I % 4 == 0 && o.stride % 4 == 0 && al(y1p, 16) && (b13 == nullptr || al(b13, 16)) && al(o.a_hi, ob) &&
+         (o.a_lo == nullptr || al(o.a_lo, ob));
+}
+
 static bool act_split_enabled() {
   static const bool on = env_switch("QMOE_CUDA_ACT_SPLIT");
   return on;
@@ -388,6 +601,30 @@ static int act_chunk(int I, int TK, ActQuant mode, int num_sms) {
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
                 unsigned* amax_bits, int num_sms, cudaStream_t s) {
+  if (act_vec_mode(q, defer)) {
+    // Many rows (prefill): 4 features per thread, and 4 such groups per thread once the groups
+    // fill kActVecWaves waves of resident threads (fewer threads per SM would leave the per-thread
+    // chain exposed: qwen3-30b-a3b T = 64 ran 2.5 % slower with 4 groups), the block sized to the
+    // row's share (rounded to the warp); few rows (decode), or a row that V = 4 does not fit: one
+    // feature per thread, 256-thread blocks, 4 split partials at a time.
+    if (TK >= kPrefillRows && act_vec4_fits(I, y1p, b13, q, out)) {
+      const int64_t groups = static_cast<int64_t>(TK) * (I / 4);
+      const int ilp = groups >= int64_t{kActVecWaves} * num_sms * 2048 ? 4 : 1;
+      const int per = (I / 4 + ilp - 1) / ilp;  // threads per row
+      const int threads = std::min(kActVecThreads, (per + 31) / 32 * 32);
+      const dim3 grid(TK, (per + threads - 1) / threads);
+      if (ilp == 4)
+        launch_pdl(act_vec_kernel<4, 4, 1>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
+      else
+        launch_pdl(act_vec_kernel<4, 1, 4>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
+    } else {
+      const int threads = std::min(kActVecThreads, (I + 31) / 32 * 32);
+      launch_pdl(act_vec_kernel<1, 1, 4>, dim3(TK, (I + threads - 1) / threads), threads, 0, s, y1p, ksplit, TK, I,
+                 slot_local, b13, act, q, out);
+    }
+    QMOE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int cw = act_chunk(I, TK, q.mode, num_sms);
   const size_t smem = static_cast<size_t>(cw) * sizeof(float);
   static std::atomic<size_t> cfg{0};

@@ -40,6 +40,23 @@ __device__ __forceinline__ float block_absmax(const float* v, int n, float* red)
   return r;
 }
 
+// NVFP4 activation quantization of one 16-element block with max |x| = amax and global scale gs:
+// the block scale s_b = e4m3(gs · amax / 6) (clamped to ±448), x → e2m1(x · gs / s_b) · s_b (the
+// 1/gs factor is applied after the GEMM).
+struct Nvfp4Block {
+  float sb, inv;
+  __device__ __forceinline__ Nvfp4Block(float amax, float gs) {
+    float s = gs * amax / kFp4Max;
+    s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
+    sb = minifloat_qdq<QdqFp8E4M3>(s);  // s is finite: clamped to ±448
+    inv = sb == 0.0f ? 0.0f : gs / sb;
+  }
+  __device__ __forceinline__ float qdq(float x) const {
+    const float qv = fminf(fmaxf(x * inv, -kFp4Max), kFp4Max);
+    return minifloat_qdq<QdqFp4E2M1>(qv) * sb;
+  }
+};
+
 // MX quantize-dequantize of a row, one warp per 32-element block (shared exponent from formats.h,
 // elements through qdq_fast.h: bit-identical to mx_qdq_block).
 template <class F>
@@ -87,13 +104,8 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         float amax = fabsf(x);
 #pragma unroll
         for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-        float s = gs * amax / kFp4Max;
-        s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
-        const float sb = minifloat_qdq<QdqFp8E4M3>(s);  // s is finite: clamped to ±448
-        const float inv = sb == 0.0f ? 0.0f : gs / sb;
-        float qv = x * inv;
-        qv = fminf(fmaxf(qv, -kFp4Max), kFp4Max);
-        if (b < nb && i < n) hi[i] = __float2bfloat16_rn(minifloat_qdq<QdqFp4E2M1>(qv) * sb);
+        const Nvfp4Block blk(amax, gs);
+        if (b < nb && i < n) hi[i] = __float2bfloat16_rn(blk.qdq(x));
       }
       break;
     }

@@ -239,6 +239,10 @@ TEST_P(CudaExpertsEdge, OddSizes) {
   pb.E = 5;
   pb.K = 3;
   expect_exact(s, run_problem(s, pb), pb.T, "odd sizes");
+  if (blk == 0) {  // I % 4 != 0: partial-row groups of the activation kernel
+    pb.I = 50;
+    expect_exact(s, run_problem(s, pb), pb.T, "odd sizes, I = 50");
+  }
 }
 TEST_P(CudaExpertsEdge, ExpertParallelMissingExperts) {
   SKIP_WITHOUT_GPU();
@@ -468,6 +472,29 @@ TEST_P(CudaExpertsEdge, DecodeSplitsLongIntermediateRows) {
         expect_exact(s, run_problem(s, pb), pb.T, what);
       }
 }
+// The activation kernel past kPrefillRows (T·K = 600): 4 features per thread where I % 4 == 0,
+// one where not (I = 50, schemes without weight blocks), both gate / up layouts, with biases.
+TEST_P(CudaExpertsEdge, PrefillActivationLayouts) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  std::vector<int> sizes = {320};
+  if (weight_block_size(s.weight) == 0) sizes.push_back(50);
+  for (const int I : sizes)
+    for (const bool interleaved : {false, true}) {
+      Problem pb;
+      pb.T = 300;
+      pb.K = 2;
+      pb.E = 4;
+      pb.H = 128;
+      pb.I = I;
+      if (interleaved) {
+        pb.act.kind = Activation::SwigluOai;
+        pb.act.interleaved = true;
+        pb.act.limit = 7.0f;
+      }
+      expect_exact(s, run_problem(s, pb), pb.T, "I=" + std::to_string(I) + (interleaved ? " interleaved" : ""));
+    }
+}
 TEST_P(CudaExpertsEdge, Deterministic) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
@@ -489,6 +516,26 @@ TEST(CudaExperts, RefusesRowsWiderThanSharedMemory) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("too wide"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("H=65536"), std::string::npos) << e.what();
+  }
+}
+
+// The activation kernel's 4-groups-per-thread form (8 waves of resident threads on a 132-SM
+// H200: T·K · I / 4 = 8192 · 272 groups), both gate / up layouts.
+TEST(CudaExperts, PrefillActivationManyRows) {
+  SKIP_WITHOUT_GPU();
+  if (small()) GTEST_SKIP() << "QMOE_TEST_SMALL";
+  for (const char* n : {"w_mxfp4_a_mxfp4", "nvfp4", "w_mxfp4"}) {
+    const SchemeInfo& s = scheme_by_name(n);
+    Problem pb;
+    pb.T = 4096;
+    pb.K = 2;
+    pb.E = 4;
+    pb.H = 128;
+    pb.I = 1088;
+    pb.act.kind = Activation::SwigluOai;
+    pb.act.interleaved = std::string(n) != "nvfp4";
+    pb.act.limit = 7.0f;
+    expect_exact(s, run_problem(s, pb), pb.T, n);
   }
 }
 
