@@ -178,6 +178,49 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
   for (int t = 0; t < NV; ++t) _mm_storeu_ps(res[t], hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
 }
 
+// NTOK tokens of NTERM activation terms each (the bf16 pieces that sum to their fp32 values;
+// act[t·NTERM + j]: token t's term j) against a block-factor decoder: the products of a token's
+// terms are summed into one vector per step and row before the block factor, so one FMA per step,
+// row and token instead of one per term, NTERM times fewer accumulators, and no decoded-row buffer
+// for 2–4 such tokens (their 6–12 term rows would exceed one bf16_kernel group). res[t][i].
+template <class D, int NTOK, int NTERM>
+void bf16_terms_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int kend, float (*res)[kNR]) {
+  constexpr int V = D::kStep / 32;
+  __m512 acc[NTOK][kNR];
+  for (int t = 0; t < NTOK; ++t)
+    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
+  for (int k = 0; k < kend; k += D::kStep) {
+    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes>(k / D::kStep);
+#pragma GCC unroll 4
+    for (int i = 0; i < kNR; ++i) {
+      __m512i w[V];
+      dec.load_unscaled(i, k, w);
+      const __m512 f = dec.factor(i, k);
+#pragma GCC unroll 4
+      for (int t = 0; t < NTOK; ++t) {
+        __m512 p = _mm512_setzero_ps();
+#pragma GCC unroll 3
+        for (int j = 0; j < NTERM; ++j)
+#pragma GCC unroll 2
+          for (int v = 0; v < V; ++v) p = dpbf16(p, w[v], _mm512_loadu_si512(act[t * NTERM + j] + k + 32 * v));
+        acc[t][i] = _mm512_fmadd_ps(p, f, acc[t][i]);
+      }
+    }
+  }
+  for (int t = 0; t < NTOK; ++t) _mm_storeu_ps(res[t], hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+}
+
+template <class D, int NTERM>
+void bf16_terms_group(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int ntok, int kend,
+                      float (*res)[kNR]) {
+  switch (ntok) {
+    case 1: bf16_terms_kernel<D, 1, NTERM>(dec, pf, act, kend, res); break;
+    case 2: bf16_terms_kernel<D, 2, NTERM>(dec, pf, act, kend, res); break;
+    case 3: bf16_terms_kernel<D, 3, NTERM>(dec, pf, act, kend, res); break;
+    default: bf16_terms_kernel<D, 4, NTERM>(dec, pf, act, kend, res); break;
+  }
+}
+
 template <class D>
 void bf16_group(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int nv, int kend, float (*res)[kNR]) {
   switch (nv) {
@@ -228,6 +271,11 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       vr.tok[vr.n++] = j;
     }
   }
+  // The term count every token shares when there are ≤ kNT tokens (0: none shared, or more tokens).
+  int uniform_terms = a.ntok <= kNT ? vr.n / a.ntok : 0;
+  for (int v = 0; v < vr.n && uniform_terms > 0; ++v)
+    if (vr.tok[v] != v / uniform_terms) uniform_terms = 0;
+  if (uniform_terms * a.ntok != vr.n) uniform_terms = 0;
   for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
     const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
     int rows[kNR];
@@ -243,6 +291,16 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     const Prefetch<kNR> pf = prefetch_of<kNR>(w, n0);
     double dot[kNT][kNR];
     float res[kNT][kNR];
+    if constexpr (block_factor_of<D>()) {
+      if (uniform_terms >= 2) {  // ≤ kNT tokens of 2 or 3 terms each
+        if (uniform_terms == 2) bf16_terms_group<D, 2>(dec, pf, vr.ptr, a.ntok, kend, res);
+        else bf16_terms_group<D, 3>(dec, pf, vr.ptr, a.ntok, kend, res);
+        for (int j = 0; j < a.ntok; ++j)
+          for (int i = 0; i < kNR; ++i) dot[j][i] = static_cast<double>(res[j][i]);
+        epilogue(a, n0, nr, 0, a.ntok, dot);
+        continue;
+      }
+    }
     if (vr.n <= kNT) {
       bf16_group(dec, pf, vr.ptr, vr.n, kend, res);
       for (int j = 0; j < a.ntok; ++j)
