@@ -120,6 +120,7 @@ struct Scratch {
   std::vector<int32_t> count, offset, fill, tok_of_pos, pos_of_slot, pos_index, order;
   std::vector<float> rw_of_pos, zmax_of_pos;
   std::vector<Task> tasks1, tasks2;
+  std::vector<WeightView> v13, v2;  // the call's per-expert views (kept: no allocation per call)
 };
 
 Scratch& thread_scratch() {
@@ -161,7 +162,8 @@ struct Call {
   int H, I, K;
   ref::ActQuantRule rule1, rule2;
   ActLayout L1, L2;
-  std::vector<WeightView> v13, v2;
+  const std::vector<WeightView>* v13 = nullptr;  // per local expert (Scratch::v13 / v2)
+  const std::vector<WeightView>* v2 = nullptr;
   float scale1 = 0.0f;  // Fp8DynTensor GEMM1 input scale
   ActParams act;
 };
@@ -209,8 +211,12 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
   std::iota(s.pos_index.begin(), s.pos_index.end(), 0);
   s.order.resize(static_cast<size_t>(E_loc));
   std::iota(s.order.begin(), s.order.end(), 0);
-  std::stable_sort(s.order.begin(), s.order.end(),
-                   [&](int32_t x, int32_t y) { return s.count[static_cast<size_t>(x)] > s.count[static_cast<size_t>(y)]; });
+  // Most tokens first, ties in expert order (std::sort with the index as tie-break: stable_sort's
+  // order without its temporary buffer).
+  std::sort(s.order.begin(), s.order.end(), [&](int32_t x, int32_t y) {
+    const int32_t cx = s.count[static_cast<size_t>(x)], cy = s.count[static_cast<size_t>(y)];
+    return cx != cy ? cx > cy : x < y;
+  });
   make_tasks(s.order, s.count, R13, c.nthreads, s.tasks1);
   make_tasks(s.order, s.count, H, c.nthreads, s.tasks2);
 
@@ -231,7 +237,7 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
       stamps[nstamps++] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t_start).count();
   };
   ThreadPool::instance().run(c.nthreads, [&](Team& team) {
-    std::vector<float> tmp;
+    thread_local std::vector<float> tmp;  // per member thread, grown only
     // Small phases (quantization, activation, combine) run on the caller unless they are large:
     // on a shared machine, waiting for a descheduled helper costs more than the work.
     auto small_loop = [&](int64_t n, int64_t elems, auto&& f) {
@@ -275,7 +281,7 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
       });
     };
     // B: GEMM1.
-    gemm_phase(s.tasks1, c.v13, c.L1, act1, s.tok_of_pos.data(), y1, R13, nullptr);
+    gemm_phase(s.tasks1, *c.v13, c.L1, act1, s.tok_of_pos.data(), y1, R13, nullptr);
     stamp(team);
     // C1: activation (+ per-slot max for a dynamic per-tensor intermediate scale).
     const bool need_max = c.rule2.kind == ActQuant::Fp8DynTensor;
@@ -299,14 +305,14 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
     });
     stamp(team);
     // D: GEMM2 (+ bias, × router weight).
-    gemm_phase(s.tasks2, c.v2, c.L2, act2, s.pos_index.data(), y2, H,
+    gemm_phase(s.tasks2, *c.v2, c.L2, act2, s.pos_index.data(), y2, H,
                a.router_weight_on_input ? nullptr : s.rw_of_pos.data());
     stamp(team);
     // E: combine in k order.
     small_loop(nt, static_cast<int64_t>(nt) * K * H, [&](int64_t i) {
       float* o = a.out + static_cast<int64_t>(t0 + i) * H;
       const float* terms[64];
-      std::vector<const float*> many;
+      thread_local std::vector<const float*> many;  // K > 64 only; grown only
       const float** tp = terms;
       if (K > 64) {
         many.resize(static_cast<size_t>(K));
@@ -376,12 +382,15 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   const double tpe = static_cast<double>(std::min(a.T, opt.chunk_tokens)) * a.K / p.num_local;
   c.L1 = make_act_layout(dot_kind_for(*p.scheme, isa, 1, ustore, tpe), p.scheme->weight, c.H);
   c.L2 = make_act_layout(dot_kind_for(*p.scheme, isa, 2, ustore, tpe), p.scheme->weight, c.I);
-  c.v13.reserve(static_cast<size_t>(p.num_local));
-  c.v2.reserve(static_cast<size_t>(p.num_local));
+  Scratch& s = thread_scratch();
+  s.v13.clear();
+  s.v2.clear();
   for (int e = 0; e < p.num_local; ++e) {
-    c.v13.push_back(make_view(p, ref::Proj::W13, e));
-    c.v2.push_back(make_view(p, ref::Proj::W2, e));
+    s.v13.push_back(make_view(p, ref::Proj::W13, e));
+    s.v2.push_back(make_view(p, ref::Proj::W2, e));
   }
+  c.v13 = &s.v13;
+  c.v2 = &s.v2;
   if (c.rule1.kind == ActQuant::Fp8DynTensor) {
     float m = 0.0f;
     std::vector<float> tmp(static_cast<size_t>(c.H));
@@ -396,7 +405,6 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
     c.scale1 = ref::act_tensor_scale(c.rule1, m);
   }
 
-  Scratch& s = thread_scratch();
   const int chunk = opt.chunk_tokens;
   float scale2 = -1.0f;
   if (c.rule2.kind == ActQuant::Fp8DynTensor && a.T > chunk) {

@@ -79,7 +79,7 @@ void ThreadPool::ensure_workers(int n) {
 
 void ThreadPool::worker_loop(int index, uint64_t seen) {
   for (;;) {
-    const std::function<void(Team&)>* body;
+    const Body* body;
     TeamShared* shared;
     {
       std::unique_lock<std::mutex> lk(state_m_);
@@ -107,7 +107,7 @@ void ThreadPool::worker_loop(int index, uint64_t seen) {
   }
 }
 
-void ThreadPool::run(int threads, const std::function<void(Team&)>& body) {
+void ThreadPool::run_body(int threads, const Body& body) {
   const int n = resolve_threads(threads);
   auto run_alone = [&] {
     TeamShared shared;

@@ -43,24 +43,38 @@ bool dtype_in(DType d, std::initializer_list<DType> ok) {
   return false;
 }
 
-void check_tensor(const Tensor& t, const std::string& field, std::initializer_list<DType> dtypes, int64_t numel,
-                  const std::string& expected_shape, const char* who) {
+// The expected shape of a checked tensor (up to 3 dims), formatted only for an error message.
+struct ShapeSpec {
+  int64_t d[3];
+  int n;
+};
+ShapeSpec spec_of(std::initializer_list<int64_t> dims) {
+  ShapeSpec s{{0, 0, 0}, 0};
+  for (int64_t v : dims) s.d[s.n++] = v;
+  return s;
+}
+
+// Field names and shapes are formatted only when a check fails: validation runs on every layer
+// call, which must not allocate once warmed up.
+void check_tensor(const Tensor& t, const char* pre, const char* suffix, std::initializer_list<DType> dtypes,
+                  int64_t numel, ShapeSpec expected, const char* who) {
+  auto field = [&] { return std::string(pre) + suffix; };
+  auto shape = [&] { return shape_str(Shape(expected.d, expected.d + expected.n)); };
   if (!t.defined())
-    throw Error(fmt::format("{}: ExpertParams.{} is missing; expected {} {}", who, field, dtype_name(*dtypes.begin()),
-                            expected_shape));
+    throw Error(fmt::format("{}: ExpertParams.{} is missing; expected {} {}", who, field(), dtype_name(*dtypes.begin()),
+                            shape()));
   if (!dtype_in(t.dtype(), dtypes))
-    throw Error(fmt::format("{}: ExpertParams.{} has dtype {}; expected {}", who, field, dtype_name(t.dtype()),
+    throw Error(fmt::format("{}: ExpertParams.{} has dtype {}; expected {}", who, field(), dtype_name(t.dtype()),
                             dtype_name(*dtypes.begin())));
   if (t.numel() != numel)
-    throw Error(
-        fmt::format("{}: ExpertParams.{} has shape {}; expected {}", who, field, shape_str(t.shape()), expected_shape));
+    throw Error(fmt::format("{}: ExpertParams.{} has shape {}; expected {}", who, field(), shape_str(t.shape()), shape()));
 }
 
 void validate_proj(const ExpertParams& p, Proj which, const char* who) {
   const SchemeInfo& s = *p.scheme;
   const ProjDims d = dims_of(p, which);
   const int64_t el = p.num_local;
-  const std::string pre = name_of(which);
+  const char* pre = name_of(which);
   const int bs = weight_block_size(s.weight);
   if (bs > 0 && d.cols % bs != 0)
     throw Error(fmt::format("{}: {} input dimension {} is not a multiple of the {} block size {}", who, pre, d.cols,
@@ -68,48 +82,47 @@ void validate_proj(const ExpertParams& p, Proj which, const char* who) {
   if ((s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2) && d.cols % 4 != 0)
     throw Error(fmt::format("{}: {} input dimension {} is not a multiple of 4 (fp6 packing)", who, pre, d.cols));
   const int64_t pc = packed_cols(s.weight, d.cols);
-  const std::string wshape = shape_str({el, d.rows, pc});
+  const ShapeSpec wshape = spec_of({el, d.rows, pc});
   const Tensor& w = which == Proj::W13 ? p.w13_weight : p.w2_weight;
   const Tensor& sc = which == Proj::W13 ? p.w13_weight_scale : p.w2_weight_scale;
-  const std::string wf = pre + "_weight", sf = pre + "_weight_scale";
   switch (s.weight) {
     case WeightFormat::BF16:
-      check_tensor(w, wf, {DType::BF16, DType::F16, DType::F32}, el * d.rows * pc, wshape, who);
+      check_tensor(w, pre, "_weight", {DType::BF16, DType::F16, DType::F32}, el * d.rows * pc, wshape, who);
       break;
     case WeightFormat::Fp8E4M3:
-      check_tensor(w, wf, {DType::U8, DType::F8_E4M3}, el * d.rows * pc, wshape, who);
+      check_tensor(w, pre, "_weight", {DType::U8, DType::F8_E4M3}, el * d.rows * pc, wshape, who);
       break;
     case WeightFormat::Int8:
-      check_tensor(w, wf, {DType::I8}, el * d.rows * pc, wshape, who);
+      check_tensor(w, pre, "_weight", {DType::I8}, el * d.rows * pc, wshape, who);
       break;
     default:
-      check_tensor(w, wf, {DType::U8}, el * d.rows * pc, wshape, who);
+      check_tensor(w, pre, "_weight", {DType::U8}, el * d.rows * pc, wshape, who);
       break;
   }
   switch (s.weight_scale) {
     case WeightScale::None:
       break;
     case WeightScale::PerTensor:
-      check_tensor(sc, sf, {DType::F32}, el, shape_str({el}), who);
+      check_tensor(sc, pre, "_weight_scale", {DType::F32}, el, spec_of({el}), who);
       break;
     case WeightScale::PerChannel:
-      check_tensor(sc, sf, {DType::F32}, el * d.rows, shape_str({el, d.rows}), who);
+      check_tensor(sc, pre, "_weight_scale", {DType::F32}, el * d.rows, spec_of({el, d.rows}), who);
       break;
     case WeightScale::MxE8M0:
-      check_tensor(sc, sf, {DType::U8, DType::F8_E8M0}, el * d.rows * (d.cols / kMxBlock),
-                   shape_str({el, d.rows, d.cols / kMxBlock}), who);
+      check_tensor(sc, pre, "_weight_scale", {DType::U8, DType::F8_E8M0}, el * d.rows * (d.cols / kMxBlock),
+                   spec_of({el, d.rows, d.cols / kMxBlock}), who);
       break;
     case WeightScale::Nvfp4: {
-      check_tensor(sc, sf, {DType::U8, DType::F8_E4M3}, el * d.rows * (d.cols / kNvfp4Block),
-                   shape_str({el, d.rows, d.cols / kNvfp4Block}), who);
+      check_tensor(sc, pre, "_weight_scale", {DType::U8, DType::F8_E4M3}, el * d.rows * (d.cols / kNvfp4Block),
+                   spec_of({el, d.rows, d.cols / kNvfp4Block}), who);
       const Tensor& s2 = which == Proj::W13 ? p.w13_weight_scale_2 : p.w2_weight_scale_2;
-      check_tensor(s2, pre + "_weight_scale_2", {DType::F32}, el, shape_str({el}), who);
+      check_tensor(s2, pre, "_weight_scale_2", {DType::F32}, el, spec_of({el}), who);
       break;
     }
   }
   const Tensor& b = which == Proj::W13 ? p.w13_bias : p.w2_bias;
   if (b.defined())
-    check_tensor(b, pre + "_bias", {DType::F32, DType::BF16, DType::F16}, el * d.rows, shape_str({el, d.rows}), who);
+    check_tensor(b, pre, "_bias", {DType::F32, DType::BF16, DType::F16}, el * d.rows, spec_of({el, d.rows}), who);
 }
 
 // Element i of a F32 / BF16 / F16 tensor (memcpy: views of a mapped file need not be aligned).
