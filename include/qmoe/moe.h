@@ -121,6 +121,9 @@ class MoELayer {
   std::optional<ExpertParams> shared_;
   Tensor router_weight_, router_bias_, correction_bias_, shared_gate_;
   std::vector<float> correction_bias_f32_;
+  // fp32 copies of the router weight / bias and the shared-expert gate, made once at construction
+  // (plan_from_hidden and run_shared allocate nothing per call).
+  std::vector<float> router_weight_f32_, router_bias_f32_, shared_gate_f32_;
   MoELayerOptions opt_;
 };
 

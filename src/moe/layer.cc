@@ -101,6 +101,8 @@ MoELayer::MoELayer(ModelConfig cfg, ExpertParams experts, std::optional<ExpertPa
     throw Error(fmt::format("{}: the routing uses e_score_correction_bias but the layer has none", where));
   check_numel(correction_bias_, E, "e_score_correction_bias", where);
   if (correction_bias_.defined()) correction_bias_f32_ = to_f32(correction_bias_, "e_score_correction_bias");
+  if (router_weight_.defined()) router_weight_f32_ = to_f32(router_weight_, "router weight");
+  if (router_bias_.defined()) router_bias_f32_ = to_f32(router_bias_, "router bias");
   if (shared_) {
     ref::validate_expert_params(*shared_, "MoELayer shared expert");
     if (shared_->num_experts != 1 || shared_->num_local != 1 || shared_->hidden != H)
@@ -108,6 +110,7 @@ MoELayer::MoELayer(ModelConfig cfg, ExpertParams experts, std::optional<ExpertPa
                               where, H, shared_->num_experts, shared_->hidden));
   }
   check_numel(shared_gate_, H, "shared_expert_gate weight", where);
+  if (shared_gate_.defined()) shared_gate_f32_ = to_f32(shared_gate_, "shared_expert_gate weight");
   // Routing inputs from the checkpoint must be finite: a NaN there would surface as "bad router
   // logits" of the first token.
   check_finite_tensor(router_weight_, "router weight", where);
@@ -159,10 +162,12 @@ void MoELayer::run_routed(const float* x, int T, const int32_t* topk_ids, const 
 void MoELayer::run_shared(const float* x, int T, float* out) const {
   if (!shared_ || T < 1) return;
   const int H = experts_.hidden;
-  std::vector<int32_t> ids(static_cast<size_t>(T), 0);
-  std::vector<float> w(static_cast<size_t>(T), 1.0f);
+  thread_local std::vector<int32_t> ids;  // grown only: no allocation per call once warmed up
+  thread_local std::vector<float> w;
+  ids.assign(static_cast<size_t>(T), 0);
+  w.assign(static_cast<size_t>(T), 1.0f);
   if (shared_gate_.defined()) {
-    const std::vector<float> g = to_f32(shared_gate_, "shared_expert_gate weight");
+    const std::vector<float>& g = shared_gate_f32_;
     for (int t = 0; t < T; ++t) {
       double acc = 0.0;
       for (int h = 0; h < H; ++h)

@@ -4,6 +4,9 @@
 
 #include <cstdint>
 
+#include <vector>
+
+#include "moe/router_logits.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
 
@@ -38,7 +41,8 @@ void MoELayer::plan(const float* router_logits, int T, MoEWorkspace& ws) const {
   for (int e = 0; e < el; ++e)
     ws.offsets[static_cast<size_t>(e) + 1] = ws.offsets[static_cast<size_t>(e)] + ws.counts[static_cast<size_t>(e)];
   ws.sorted_slots.assign(static_cast<size_t>(ws.offsets[static_cast<size_t>(el)]), 0);
-  std::vector<int32_t> fill(ws.offsets.begin(), ws.offsets.end() - 1);
+  thread_local std::vector<int32_t> fill;  // grown only: no allocation per call once warmed up
+  fill.assign(ws.offsets.begin(), ws.offsets.end() - 1);
   for (int32_t s = 0; s < T * K; ++s) {
     const int l = experts_.expert_map[static_cast<size_t>(ws.topk_ids[static_cast<size_t>(s)])];
     if (l >= 0) ws.sorted_slots[static_cast<size_t>(fill[static_cast<size_t>(l)]++)] = s;
@@ -53,9 +57,11 @@ void MoELayer::plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const {
   if (x == nullptr) throw Error("plan_from_hidden: hidden states are null");
   // Before the router: NaN / Inf in the input is reported as such, not as bad router logits.
   check_finite_rows(x, T, experts_.hidden, "hidden_states", "plan_from_hidden");
-  std::vector<float> logits(static_cast<size_t>(T) * static_cast<size_t>(router_weight_.dim(0)));
-  compute_router_logits(x, T, experts_.hidden, router_weight_, router_bias_.defined() ? &router_bias_ : nullptr,
-                        logits.data());
+  const int64_t E = router_weight_.dim(0);
+  thread_local std::vector<float> logits;  // grown only
+  logits.resize(static_cast<size_t>(T) * static_cast<size_t>(E));
+  detail::router_logits_f32(x, T, experts_.hidden, router_weight_f32_.data(), E,
+                            router_bias_f32_.empty() ? nullptr : router_bias_f32_.data(), logits.data());
   plan(logits.data(), T, ws);
 }
 

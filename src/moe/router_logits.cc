@@ -3,10 +3,28 @@
 
 #include <vector>
 
+#include "moe/router_logits.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
 
 namespace qmoe {
+
+namespace detail {
+
+void router_logits_f32(const float* x, int T, int H, const float* w, int64_t E, const float* b, float* logits) {
+  for (int t = 0; t < T; ++t) {
+    const float* xr = x + static_cast<size_t>(t) * H;
+    for (int64_t e = 0; e < E; ++e) {
+      const float* wr = w + e * H;
+      double acc = 0.0;
+      for (int h = 0; h < H; ++h) acc += static_cast<double>(xr[h] * wr[h]);
+      if (b != nullptr) acc += static_cast<double>(b[e]);
+      logits[static_cast<size_t>(t) * E + e] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace detail
 
 void compute_router_logits(const float* x, int T, int H, const Tensor& weight, const Tensor* bias, float* logits) {
   if (!weight.defined()) throw Error("compute_router_logits: the router weight is missing");
@@ -24,16 +42,7 @@ void compute_router_logits(const float* x, int T, int H, const Tensor& weight, c
           fmt::format("compute_router_logits: router bias has shape {}; expected [{}]", shape_str(bias->shape()), E));
     b = to_f32(*bias, "router bias");
   }
-  for (int t = 0; t < T; ++t) {
-    const float* xr = x + static_cast<size_t>(t) * H;
-    for (int64_t e = 0; e < E; ++e) {
-      const float* wr = w.data() + e * H;
-      double acc = 0.0;
-      for (int h = 0; h < H; ++h) acc += static_cast<double>(xr[h] * wr[h]);
-      if (!b.empty()) acc += static_cast<double>(b[static_cast<size_t>(e)]);
-      logits[static_cast<size_t>(t) * E + e] = static_cast<float>(acc);
-    }
-  }
+  detail::router_logits_f32(x, T, H, w.data(), E, b.empty() ? nullptr : b.data(), logits);
 }
 
 }  // namespace qmoe

@@ -74,11 +74,25 @@ void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, co
     throw Error("route: logits, topk_ids and topk_weights must not be null");
 
   const bool grouped = rc.n_group > 1 && rc.topk_group < rc.n_group;
-  std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
-  std::vector<char> taken;
-  std::vector<float> group_score(static_cast<size_t>(rc.n_group > 1 ? rc.n_group : 1));
-  std::vector<int32_t> kept_groups(static_cast<size_t>(rc.topk_group > 0 ? rc.topk_group : 1));
-  std::vector<float> sel_logits(static_cast<size_t>(K));
+  // Per-thread buffers, grown only: routing allocates nothing per call once warmed up.
+  struct Scratch {
+    std::vector<float> scores, choice, group_score, sel_logits;
+    std::vector<char> taken, keep;
+    std::vector<int32_t> kept_groups;
+  };
+  thread_local Scratch sc;
+  std::vector<float>& scores = sc.scores;
+  std::vector<float>& choice = sc.choice;
+  std::vector<char>& taken = sc.taken;
+  std::vector<float>& group_score = sc.group_score;
+  std::vector<int32_t>& kept_groups = sc.kept_groups;
+  std::vector<float>& sel_logits = sc.sel_logits;
+  std::vector<char>& keep = sc.keep;
+  scores.resize(static_cast<size_t>(E));
+  choice.resize(static_cast<size_t>(E));
+  group_score.resize(static_cast<size_t>(rc.n_group > 1 ? rc.n_group : 1));
+  kept_groups.resize(static_cast<size_t>(rc.topk_group > 0 ? rc.topk_group : 1));
+  sel_logits.resize(static_cast<size_t>(K));
 
   for (int t = 0; t < T; ++t) {
     const float* l = logits + static_cast<size_t>(t) * E;
@@ -121,7 +135,7 @@ void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, co
           }
         }
         top_k_indices(group_score.data(), rc.n_group, rc.topk_group, taken, kept_groups.data());
-        std::vector<char> keep(static_cast<size_t>(rc.n_group), 0);
+        keep.assign(static_cast<size_t>(rc.n_group), 0);
         for (int j = 0; j < rc.topk_group; ++j) keep[static_cast<size_t>(kept_groups[static_cast<size_t>(j)])] = 1;
         for (int e = 0; e < E; ++e)
           if (!keep[static_cast<size_t>(e / gsize)]) choice[static_cast<size_t>(e)] = kNegInf;

@@ -15,6 +15,7 @@
 #include "cpu/experts_optimized.h"
 #include "cpu/kernel_iface.h"
 #include "cpu/random_params.h"
+#include "qmoe/config.h"
 #include "qmoe/moe.h"
 #include "qmoe/schemes.h"
 
@@ -114,6 +115,46 @@ TEST(OptimizedNoAlloc, NothingAllocatedPerCallAfterWarmUp) {
     for (int r = 0; r < 3; ++r) experts_optimized_with(a, threads, {});
     g_counting = false;
     EXPECT_EQ(g_news.load(), 0) << "router weight on the input, threads=" << threads;
+  }
+}
+
+// The whole layer through MoELayer: the router from hidden states, plan (top-k into the caller's
+// workspace) and run with a gated shared expert, once its workspace has grown.
+TEST(OptimizedNoAlloc, LayerPlanAndRunAllocateNothingAfterWarmUp) {
+  const int E = 8, H = 128;
+  RandomExpertsSpec spec;
+  spec.scheme = &scheme_by_name("w_mxfp4_a_mxfp4");
+  spec.num_experts = E;
+  spec.hidden = H;
+  spec.inter = 64;
+  ModelConfig cfg;
+  cfg.model_type = "qwen3_moe";
+  cfg.top_k = 2;
+  std::vector<float> rw(static_cast<size_t>(E) * H);
+  for (size_t i = 0; i < rw.size(); ++i) rw[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
+  RandomExpertsSpec shared_spec = spec;
+  shared_spec.num_experts = 1;
+  shared_spec.seed = 3;
+  std::vector<float> gate(static_cast<size_t>(H));
+  for (size_t i = 0; i < gate.size(); ++i) gate[i] = 0.02f * static_cast<float>(static_cast<int>(i % 5) - 2);
+  // With a shared expert and its sigmoid gate (run_shared).
+  const MoELayer layer(cfg, make_random_expert_params(spec), make_random_expert_params(shared_spec),
+                       Tensor::from_f32(rw, {E, H}), {}, {}, Tensor::from_f32(gate, {H}));
+  ASSERT_TRUE(layer.shared_expert().has_value());
+  for (const int T : {1, 16, 300}) {
+    std::vector<float> x(static_cast<size_t>(T) * H), out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(static_cast<int>(i % 17) - 8);
+    MoEWorkspace ws;
+    layer.plan_from_hidden(x.data(), T, ws);
+    layer.run(x.data(), ws, out.data());
+    g_news = 0;
+    g_counting = true;
+    for (int r = 0; r < 3; ++r) {
+      layer.plan_from_hidden(x.data(), T, ws);
+      layer.run(x.data(), ws, out.data());
+    }
+    g_counting = false;
+    EXPECT_EQ(g_news.load(), 0) << "MoELayer plan_from_hidden + run, T=" << T;
   }
 }
 
