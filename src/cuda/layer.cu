@@ -22,8 +22,8 @@ namespace {
 // One block: kRT tokens × kRE experts (one warp per expert); the tokens' hidden states pass through
 // shared memory kRH elements at a time. Each lane sums its strided share of fp32 products in fp64,
 // then the warp adds the 32 partial sums in a fixed butterfly order: deterministic, and (fp64 sums
-// of at most a few thousand fp32 products) equal to the host's sequential fp64 sum after rounding
-// to fp32 except in rare near-ties.
+// of at most a few thousand fp32 products) equal to the host's fp64 sum (32 interleaved partial
+// sums, src/moe/router_logits.cc) after rounding to fp32 except in rare near-ties.
 constexpr int kRT = 8;
 constexpr int kRE = 8;
 constexpr int kRH = 512;

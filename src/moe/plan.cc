@@ -60,8 +60,12 @@ void MoELayer::plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const {
   const int64_t E = router_weight_.dim(0);
   thread_local std::vector<float> logits;  // grown only
   logits.resize(static_cast<size_t>(T) * static_cast<size_t>(E));
-  detail::router_logits_f32(x, T, experts_.hidden, router_weight_f32_.data(), E,
-                            router_bias_f32_.empty() ? nullptr : router_bias_f32_.data(), logits.data());
+  if (opt_.kernel == Kernel::Reference && !opt_.runner)  // the reference layer: the reference's loop
+    compute_router_logits(x, T, experts_.hidden, router_weight_, router_bias_.defined() ? &router_bias_ : nullptr,
+                          logits.data());
+  else
+    detail::router_logits_f32(x, T, experts_.hidden, router_weight_f32_.data(), E,
+                              router_bias_f32_.empty() ? nullptr : router_bias_f32_.data(), logits.data());
   plan(logits.data(), T, ws);
 }
 
