@@ -14,9 +14,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <type_traits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace qmoe::cpu {

@@ -382,11 +382,6 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
 constexpr int kActVecThreads = 256;
 constexpr int kActVecWaves = 8;  // waves of 2048 threads per SM from which a thread takes 4 groups
 
-__device__ __forceinline__ float lanes_max(float m, int lanes) {  // over aligned groups of `lanes`
-  for (int o = 1; o < lanes; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  return m;
-}
-
 // Stores V consecutive outputs (one 8 / 4-byte store for V = 4).
 template <int V, class T>
 __device__ __forceinline__ void st_v(T* p, const T (&v)[V]) {

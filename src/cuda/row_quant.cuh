@@ -19,11 +19,13 @@ namespace qmoe::cuda {
 
 constexpr int kRowThreads = 512;  // one block per row; red[] below holds up to 32 warps
 
-__device__ __forceinline__ float warp_max(float v) {
+// max over aligned groups of `lanes` lanes (a power of two ≤ 32): every lane of a group gets it.
+__device__ __forceinline__ float lanes_max(float v, int lanes) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  for (int o = lanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
 }
+__device__ __forceinline__ float warp_max(float v) { return lanes_max(v, 32); }
 
 // max |v[i]| over the row, all threads of the block get it. `red` : 32 floats of shared memory.
 __device__ __forceinline__ float block_absmax(const float* v, int n, float* red) {
@@ -101,10 +103,7 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         const int b = b0 + (lane >> 4);
         const int i = b * kNvfp4Block + (lane & 15);
         const float x = (b < nb && i < n) ? v[i] : 0.0f;
-        float amax = fabsf(x);
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-        const Nvfp4Block blk(amax, gs);
+        const Nvfp4Block blk(lanes_max(fabsf(x), kNvfp4Block), gs);
         if (b < nb && i < n) hi[i] = __float2bfloat16_rn(blk.qdq(x));
       }
       break;

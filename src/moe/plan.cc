@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-
 #include <vector>
 
 #include "moe/router_logits.h"

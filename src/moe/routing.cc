@@ -81,13 +81,7 @@ void route(const RoutingConfig& rc, const float* logits, int T, int E, int K, co
     std::vector<int32_t> kept_groups;
   };
   thread_local Scratch sc;
-  std::vector<float>& scores = sc.scores;
-  std::vector<float>& choice = sc.choice;
-  std::vector<char>& taken = sc.taken;
-  std::vector<float>& group_score = sc.group_score;
-  std::vector<int32_t>& kept_groups = sc.kept_groups;
-  std::vector<float>& sel_logits = sc.sel_logits;
-  std::vector<char>& keep = sc.keep;
+  auto& [scores, choice, group_score, sel_logits, taken, keep, kept_groups] = sc;
   scores.resize(static_cast<size_t>(E));
   choice.resize(static_cast<size_t>(E));
   group_score.resize(static_cast<size_t>(rc.n_group > 1 ? rc.n_group : 1));

@@ -8,12 +8,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "cpu/experts_optimized.h"
-#include "cpu/kernel_iface.h"
+#include "cpu/optimized_problem.h"
 #include "cpu/random_params.h"
 #include "qmoe/config.h"
 #include "qmoe/moe.h"
@@ -40,81 +38,43 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace qmoe::cpu {
 namespace {
 
-struct Layer {
-  ExpertParams params;
-  std::vector<float> x, w, out;
-  std::vector<int32_t> ids;
-  int T = 0, K = 0;
-  bool on_input = false;
-};
+using test::Case;
 
-Layer make_layer(const char* scheme, int T, int K, uint64_t seed, bool on_input = false) {
-  Layer l;
-  RandomExpertsSpec spec;
-  spec.scheme = &scheme_by_name(scheme);
-  spec.num_experts = 8;
-  spec.hidden = 128;
-  spec.inter = 64;
-  spec.seed = seed;
-  l.params = make_random_expert_params(spec);
-  l.T = T;
-  l.K = K;
-  l.on_input = on_input;
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  l.x.resize(static_cast<size_t>(T) * spec.hidden);
-  for (float& v : l.x) v = nd(rng);
-  l.out.assign(l.x.size(), 0.0f);
-  for (int t = 0; t < T; ++t)
-    for (int k = 0; k < K; ++k) {
-      l.ids.push_back((t * 3 + k * 5) % spec.num_experts == (t * 3 + (k - 1) * 5) % spec.num_experts && k > 0
-                          ? (t * 3 + k * 5 + 1) % spec.num_experts
-                          : (t * 3 + k * 5) % spec.num_experts);
-      l.w.push_back(1.0f / static_cast<float>(K));
-    }
-  return l;
+// operator new calls made by f().
+template <class F>
+long allocations_in(F&& f) {
+  g_news = 0;
+  g_counting = true;
+  f();
+  g_counting = false;
+  return g_news.load();
 }
 
-ExpertsArgs args_of(Layer& l) {
-  ExpertsArgs a;
-  a.params = &l.params;
-  a.x = l.x.data();
-  a.T = l.T;
-  a.K = l.K;
-  a.topk_ids = l.ids.data();
-  a.topk_weights = l.w.data();
-  a.out = l.out.data();
-  a.router_weight_on_input = l.on_input;
-  return a;
+// Three calls of one problem after a warm-up call of the same shape (which grows the scratch).
+long allocations_per_3_calls(const char* scheme, const Case& c, int threads) {
+  const test::Problem pr = test::make_problem(scheme_by_name(scheme), "silu", c, 7);
+  std::vector<float> out(pr.x.size(), 0.0f);
+  const ExpertsArgs a = test::args_of(pr, c.on_input, out.data());
+  experts_optimized_with(a, threads, {});
+  return allocations_in([&] {
+    for (int r = 0; r < 3; ++r) experts_optimized_with(a, threads, {});
+  });
 }
 
 // Every scheme family's kinds (F32, I8, Fp4Mx / Fp4Nv, Bf16 where the CPU has it), decode and
-// prefill token counts, one and two threads.
+// prefill token counts, one and two threads; and the routing weight applied to the input (top-1:
+// a scaled copy of each row).
 TEST(OptimizedNoAlloc, NothingAllocatedPerCallAfterWarmUp) {
   for (const char* scheme : {"w_mxfp4_a_mxfp4", "w_mxfp4", "nvfp4", "w_int8_channel_a_int8_dyn_token",
                              "w_mxfp6_e2m3", "unquantized", "w_fp8_channel_a_fp8_dyn_token"})
     for (const int T : {1, 16, 300})
-      for (const int threads : {1, 2}) {
-        Layer l = make_layer(scheme, T, 2, 7);
-        const ExpertsArgs a = args_of(l);
-        experts_optimized_with(a, threads, {});  // warm-up: grows the scratch for this shape
-        g_news = 0;
-        g_counting = true;
-        for (int r = 0; r < 3; ++r) experts_optimized_with(a, threads, {});
-        g_counting = false;
-        EXPECT_EQ(g_news.load(), 0) << scheme << " T=" << T << " threads=" << threads
-                                    << ": operator new calls in 3 warmed-up calls";
-      }
-  // The routing weight applied to the input (top-1): its scaled copy of each row.
+      for (const int threads : {1, 2})
+        EXPECT_EQ(allocations_per_3_calls(scheme, Case{"", 8, 128, 64, 2, T, test::Routing::Uniform, {}, false}, threads), 0)
+            << scheme << " T=" << T << " threads=" << threads << ": operator new calls in 3 warmed-up calls";
   for (const int threads : {1, 2}) {
-    Layer l = make_layer("w_mxfp4_a_mxfp4", 40, 1, 9, true);
-    const ExpertsArgs a = args_of(l);
-    experts_optimized_with(a, threads, {});
-    g_news = 0;
-    g_counting = true;
-    for (int r = 0; r < 3; ++r) experts_optimized_with(a, threads, {});
-    g_counting = false;
-    EXPECT_EQ(g_news.load(), 0) << "router weight on the input, threads=" << threads;
+    const Case on_input{"", 8, 128, 64, 1, 40, test::Routing::Uniform, {}, true};
+    EXPECT_EQ(allocations_per_3_calls("w_mxfp4_a_mxfp4", on_input, threads), 0)
+        << "router weight on the input, threads=" << threads;
   }
 }
 
@@ -145,28 +105,24 @@ TEST(OptimizedNoAlloc, LayerPlanAndRunAllocateNothingAfterWarmUp) {
     std::vector<float> x(static_cast<size_t>(T) * H), out(x.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(static_cast<int>(i % 17) - 8);
     MoEWorkspace ws;
-    layer.plan_from_hidden(x.data(), T, ws);
-    layer.run(x.data(), ws, out.data());
-    g_news = 0;
-    g_counting = true;
-    for (int r = 0; r < 3; ++r) {
+    auto call = [&] {
       layer.plan_from_hidden(x.data(), T, ws);
       layer.run(x.data(), ws, out.data());
-    }
-    g_counting = false;
-    EXPECT_EQ(g_news.load(), 0) << "MoELayer plan_from_hidden + run, T=" << T;
+    };
+    call();
+    EXPECT_EQ(allocations_in([&] {
+                for (int r = 0; r < 3; ++r) call();
+              }),
+              0)
+        << "MoELayer plan_from_hidden + run, T=" << T;
   }
 }
 
-// The counter counts: a call with a new, larger shape grows the scratch (so a test that cannot
-// see allocations would fail here).
+// The counter counts (a vector made with new: two allocations), so the tests above can fail.
 TEST(OptimizedNoAlloc, CounterSeesAllocations) {
-  g_news = 0;
-  g_counting = true;
-  std::vector<int>* v = new std::vector<int>(100);
-  g_counting = false;
+  std::vector<int>* v = nullptr;
+  EXPECT_GE(allocations_in([&] { v = new std::vector<int>(100); }), 2);
   delete v;
-  EXPECT_GE(g_news.load(), 2);
 }
 
 }  // namespace
