@@ -14,14 +14,11 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "util/memory.h"
 
 namespace qmoe::cpu {
 
 namespace {
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
 
 // Sum of n 64-bit words with 8 independent chains (the compiler vectorizes it).
 uint64_t sum_words(const uint64_t* p, size_t n) {
@@ -42,8 +39,9 @@ std::atomic<uint64_t> g_sink{0};
 BandwidthResult measure_read_bandwidth(int threads, size_t bytes, int runs) {
   const int n = ThreadPool::resolve_threads(threads);
   bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
-  std::unique_ptr<void, FreeDeleter> buf(std::aligned_alloc(4096, bytes));
-  if (!buf) throw std::bad_alloc();
+  // Allocated as tensor storage is (huge pages where the system allows them), so that the probe
+  // reads memory the way the kernels read the weights.
+  const std::shared_ptr<void> buf = util::alloc_uninit(bytes);
   uint64_t* words = static_cast<uint64_t*>(buf.get());
   const size_t nwords = bytes / 8;
   // Slices of 4 MB taken dynamically by the pool's threads (first touch too, with non-zero data).

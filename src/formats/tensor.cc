@@ -9,6 +9,7 @@
 
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
+#include "util/memory.h"
 
 namespace qmoe {
 
@@ -60,9 +61,9 @@ Tensor Tensor::zeros(DType dtype, Shape shape) {
   t.dtype_set_ = true;
   t.shape_ = std::move(shape);
   t.nbytes_ = bytes_for(dtype, shape_numel(t.shape_));
-  auto buf = std::shared_ptr<std::byte[]>(new std::byte[t.nbytes_ ? t.nbytes_ : 1]());
-  t.ptr_ = buf.get();
-  t.holder_ = std::shared_ptr<const void>(buf, buf.get());
+  std::shared_ptr<void> buf = util::alloc_zeroed(static_cast<size_t>(t.nbytes_));
+  t.ptr_ = static_cast<std::byte*>(buf.get());
+  t.holder_ = std::move(buf);
   t.writable_ = true;
   return t;
 }
