@@ -170,8 +170,10 @@ struct Call {
 
 enum class Stage { MaxOnly, Full };
 
-// Elements below which a non-GEMM phase runs on the calling thread alone.
-constexpr int64_t kParallelElems = int64_t{1} << 18;
+// Elements below which a non-GEMM phase runs on the calling thread alone (a decode step's 8 slots
+// of 768 do; qwen3-30b-a3b at T = 16, 128 slots: the activation 160 -> 90 µs, NVFP4's intermediate
+// quantization 210 -> 140 µs on two threads, bench/RESULTS.md 2026-12-03 evening).
+constexpr int64_t kParallelElems = int64_t{1} << 14;
 
 float nan_max(float a, float b) { return (std::isnan(a) || std::isnan(b)) ? NAN : std::max(a, b); }
 
