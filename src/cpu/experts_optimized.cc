@@ -138,7 +138,10 @@ void validate_args(const ExpertsArgs& a) {
     throw Error(fmt::format("experts_optimized: apply_router_weight_on_input needs top_k == 1, got K = {}", a.K));
 }
 
-// Row tiles of `rows` output rows for the experts in `order` (most tokens first).
+// Row tiles of `rows` output rows for the experts in `order` (most tokens first): ~6 per thread,
+// 16 to 1024 rows. Each task starts its weight stream cold (the software prefetch runs ahead only
+// within it), so tiles stay long: at 256 rows a GEMM2 task of qwen3-30b-a3b (768-wide rows) was
+// 100 KB of 4-bit weights and the layer 9-15% slower at T = 16 (bench/RESULTS.md 2026-12-03 evening).
 void make_tasks(const std::vector<int32_t>& order, const std::vector<int32_t>& count, int rows, int nthreads,
                 std::vector<Task>& tasks) {
   tasks.clear();
@@ -147,7 +150,7 @@ void make_tasks(const std::vector<int32_t>& order, const std::vector<int32_t>& c
     if (count[static_cast<size_t>(e)] > 0) total_rows += rows;
   if (total_rows == 0) return;
   const int64_t target = std::max<int64_t>(1, total_rows / (6LL * nthreads));
-  const int tile = static_cast<int>(std::clamp<int64_t>(round_up(target, 16), 16, 256));
+  const int tile = static_cast<int>(std::clamp<int64_t>(round_up(target, 16), 16, 1024));
   for (int32_t e : order) {
     if (count[static_cast<size_t>(e)] == 0) continue;
     for (int r = 0; r < rows; r += tile) tasks.push_back({e, r, std::min(rows, r + tile)});
