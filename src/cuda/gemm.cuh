@@ -25,12 +25,16 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "cuda/cuda_common.h"
 #include "cuda/decode.cuh"
 #include "cuda/frag_layout.h"
 #include "cuda/launch.cuh"
+#include "qmoe/error.h"
 
 namespace qmoe::cuda {
 
@@ -496,6 +500,21 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
 
 namespace qmoe::cuda {
 
+// The warp-specialised wgmma kernel for 128-token tiles (gemm_ws_kernel), QMOE_CUDA_WS: unset or
+// 1 — where it is the faster kernel (ws_default: bf16 weights), 0 — never (gemm_wg_kernel
+// everywhere), all — every format it is built for (for measurement).
+enum class WsMode { Off, Default, All };
+inline WsMode ws_mode() {
+  static const WsMode m = [] {
+    const char* v = std::getenv("QMOE_CUDA_WS");
+    if (v == nullptr || std::strcmp(v, "1") == 0) return WsMode::Default;
+    if (std::strcmp(v, "0") == 0) return WsMode::Off;
+    if (std::strcmp(v, "all") == 0) return WsMode::All;
+    throw Error(std::string("QMOE_CUDA_WS = '") + v + "': expected 0, 1 or all");
+  }();
+  return m;
+}
+
 // Dispatch on the token tile; 32- (BF16, INT8), 64- and 128-token tiles run on the warpgroup-MMA
 // kernel where the device and the build have it, the format's stages fit, and the caller allows it: `wg` =
 // CudaOptions::wgmma && wgmma_available(), resolved once by the caller (gemm_wgmma_host.h).
@@ -505,6 +524,13 @@ template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   if constexpr (WgCfg<WF, SPLIT, BT>::kSupported && (BT != 32 || !WTraits<WF>::kRegDecode)) {
     if (wg) {
+      if constexpr (ws_built<WF, SPLIT, BT>()) {
+        const WsMode m = ws_mode();
+        if (m == WsMode::All || (m == WsMode::Default && ws_default<WF, SPLIT, BT>())) {
+          launch_gemm_ws<WF, SPLIT, BT>(a, grid, s);
+          return;
+        }
+      }
       launch_gemm_wg<WF, SPLIT, BT>(a, grid, s);
       return;
     }

@@ -382,6 +382,289 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
 #endif
 }
 
+// ---- warp-specialised form (128-token tiles, two consumer warpgroups) ------------------------------
+// The same tile, stage layout and per-warpgroup compute as gemm_wg_kernel, reorganised so that no
+// warp both copies and multiplies and no CTA-wide barrier sits in the main loop: warpgroup 0 is the
+// producer (cp.async of both weight tiles, their scales and the activation rows, then
+// cp.async.mbarrier.arrive.noinc on the stage's `full` barrier: it completes when all 128 threads'
+// copies have landed), warpgroups 1 and 2 are consumers (wait on `full`, decode and issue wgmma as
+// gemm_wg_kernel does, and arrive on the stage's `empty` barrier once the wgmma groups that read it
+// are complete — after the current stage's groups are issued, when at most kInFlight + 1 groups,
+// all of the current stage, remain; every consumer thread arrives). The producer refills a stage only after `empty` completes, so up
+// to S stages are in flight (gemm_wg_kernel: S − 2). Registers move to the consumers with setmaxnreg
+// (producer kWsProducerRegs, consumers kWsConsumerRegs: 128 · 56 + 256 · 224 = 64512 of 65536).
+constexpr int kWsProducerRegs = 56, kWsConsumerRegs = 224;
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  const uint32_t addr = smem_u32(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(addr), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Arrive on `bar` when all of this thread's earlier cp.async have completed (counted as one of the
+// barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Ties the accumulators to this point of the program (an empty asm that "writes" them), so that no
+// use of them is scheduled above it — the wait for the last wgmma group. Without it the compiler
+// hoisted the INT8 epilogue's int → float conversions above wgmma.wait_group, and ptxas then
+// serialised every wgmma of the kernel (C7514).
+template <class Acc, int N>
+__device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<Acc, int>) asm volatile("" : "+r"(acc[i])::"memory");
+    else asm volatile("" : "+f"(acc[i])::"memory");
+  }
+}
+
+// Where it can run: 128-token tiles with two weight tiles per CTA, every format (ws_built); where it
+// does by default: weights that wgmma reads from shared memory as stored (bf16: kSS, both operands
+// from shared memory) — ws_default. Measured on the H200 (bench/RESULTS.md 2026-12-03, interleaved
+// A/B against gemm_wg_kernel, T = 1024 / 4096, mixtral / qwen3 / deepseek): bf16 1.04–1.13x faster
+// (tensor pipe 62 -> 72–78 % on mixtral T = 4096); the formats decoded into registers (MXFP4 /
+// NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) are not, and stay on gemm_wg_kernel unless
+// QMOE_CUDA_WS=all (gemm.cuh ws_mode) asks for them.
+template <WFmt WF, bool SPLIT, int BT>
+constexpr bool ws_built() {
+  using C = WgCfg<WF, SPLIT, BT>;
+  return C::kSupported && C::kWG == 2 && BT == 128;
+}
+template <WFmt WF, bool SPLIT, int BT>
+constexpr bool ws_default() {
+  using C = WgCfg<WF, SPLIT, BT>;
+  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8;
+}
+
+template <WFmt WF, bool SPLIT, int BT_>
+__global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
+#if QMOE_WGMMA_DEVICE
+  using C = WgCfg<WF, SPLIT, BT_>;
+  using WT = typename C::WT;
+  using F = AFrag<WF>;
+  static_assert(ws_built<WF, SPLIT, BT_>(), "two consumer warpgroups, 128-token tiles");
+  constexpr int BT = C::BT, NT = BT / 8, S = C::kStages;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  __shared__ int s_arow[BT];
+  __shared__ int s_slot[BT];
+  __shared__ uint64_t full_bar[S], empty_bar[S];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+
+  // Strip rasterisation as gemm_wg_kernel.
+  const int lin = blockIdx.x + gridDim.x * blockIdx.y;
+  const int strip = lin / (kStrip * gridDim.y);
+  const int width = min(kStrip, static_cast<int>(gridDim.x) - strip * kStrip);
+  const int rem = lin - strip * kStrip * gridDim.y;
+  const int tile = strip * kStrip + rem % width;
+  const int ty = rem / width;
+  if (a.tiles_after_wait) pdl_wait();
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
+  const int cnt = min(BT, __ldcg(a.counts + e) - m0);
+  const int base = __ldcg(a.offsets + e) + m0;
+  for (int i = tid; i < BT; i += 384) {
+    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
+    s_slot[i] = slot;
+    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full_bar[s], 128);  // the producer's threads (cp.async arrivals)
+      mbar_init(&empty_bar[s], 256);  // the consumer threads
+    }
+  }
+  const int split = blockIdx.z;
+  const int kt0 = split * a.kt_per_split;
+  const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
+  const int nk = kt1 - kt0;
+  __syncthreads();  // s_slot / s_arow, barriers initialised
+
+  if (wgi == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kWsProducerRegs>();
+    constexpr int kWChunksRow = WT::kRaw / 16;
+    constexpr int kWPer = kBW * kWChunksRow / 128;
+    constexpr int kAChunksRow = C::kARaw / 16;
+    constexpr int kAPer = BT * kAChunksRow / 128;
+    static_assert(BT * kAChunksRow % 128 == 0, "activation chunks per thread");
+    const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
+    const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
+    auto load_w = [&](int buf, int kt) {
+#pragma unroll
+      for (int cw = 0; cw < C::kWG; ++cw) {
+        const int wtile = ty * C::kWG + cw;
+        if (wtile >= a.Npad / kBW) continue;
+        uint8_t* st = smem + buf * C::kStageBytes + C::kAStage + cw * C::kW1;
+        const uint8_t* wk = a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) +
+                            static_cast<int64_t>(kt) * (kBW * WT::kRaw) + wtid * 16;
+#pragma unroll
+        for (int i = 0; i < kWPer; ++i) {
+          const int c = wtid + i * 128;
+          const int r = c / kWChunksRow, q = c % kWChunksRow;
+          cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
+        }
+        if constexpr (WT::kScale > 0) {
+          uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + cw * C::kS1;
+          const uint8_t* src = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile * kBW) * WT::kScale +
+                               static_cast<int64_t>(kt) * a.Npad * WT::kScale;
+          if (wtid < C::kS1 / 16) cp_async16(ss + wtid * 16, src + wtid * 16);
+        }
+      }
+    };
+    auto load_a = [&](int buf, int kt) {
+      uint8_t* adst = smem + buf * C::kStageBytes;
+      const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
+#pragma unroll 4
+      for (int i = 0; i < kAPer; ++i) {
+        const int c = wtid + i * 128;
+        const int r = c / kAChunksRow, q = c % kAChunksRow;
+        const int arow = s_arow[r];
+        const int64_t src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + koff + q * 16;
+        const int dst = (q >> 3) * (BT * 128) + sw128_offset(r, q);
+        cp_async16_zfill(adst + dst, abase_hi + src, arow >= 0);
+        if constexpr (SPLIT) cp_async16_zfill(adst + C::kATile + dst, abase_lo + src, arow >= 0);
+      }
+    };
+    // Weights of the first stages before the wait for the activations' producer (launch.cuh).
+    for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);
+    pdl_wait();
+    pdl_trigger();
+    for (int it = 0; it < nk; ++it) {
+      const int s = it % S;
+      if (it >= S) {
+        mbar_wait(&empty_bar[s], ((it / S) - 1) & 1);  // the consumers are done with its last use
+        load_w(s, kt0 + it);
+      }
+      load_a(s, kt0 + it);
+      cp_async_mbar_arrive(&full_bar[s]);
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<kWsConsumerRegs>();
+    pdl_wait();
+    pdl_trigger();
+    const int cw = wgi - 1;
+    const int wtile = ty * C::kWG + cw;
+    const bool wg_on = wtile < a.Npad / kBW;
+    const int n0 = wtile * kBW;
+    using Acc = typename std::conditional<C::kInt8, int, float>::type;
+    Acc acc[2][NT][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
+    constexpr int kDepth = C::kSS ? 1 : SPLIT ? 2 : 4;
+    constexpr int kInFlight = C::kSS ? 1 : kDepth - 1;
+    static_assert(F::kSteps % kDepth == 0, "A-register rotation");
+    static_assert(C::kSS || kInFlight < F::kSteps, "a stage's issued groups leave no earlier stage's in flight");
+    uint32_t af[kDepth][2][4];
+    (void)af;
+    auto release = [&](int s) { mbar_arrive(&empty_bar[s]); };
+    if (!wg_on) {  // no weight tile for this warpgroup (odd tile count): release every stage
+      for (int it = 0; it < nk; ++it) {
+        mbar_wait(&full_bar[it % S], (it / S) & 1);
+        release(it % S);
+      }
+    }
+    for (int it = 0; it < (wg_on ? nk : 0); ++it) {
+      const int s = it % S;
+      const int prev = (it + S - 1) % S;
+      if constexpr (C::kSS) {  // one group per stage: the one before the previous stage's is done
+        wg_wait<1>();
+        if (it > 1) release((it + S - 2) % S);
+      }
+      mbar_wait(&full_bar[s], (it / S) & 1);
+      fence_proxy_async();  // the cp.async writes, made visible by the barrier, before wgmma's reads
+      const uint8_t* st = smem + s * C::kStageBytes;
+      const uint32_t abase = smem_u32(st);
+      auto bdesc = [&](int kk) { return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32); };
+      if constexpr (C::kSS) {
+        const uint32_t wbase = abase + C::kAStage + cw * C::kW1;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < F::kSteps; ++kk) {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
+            wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk));
+            if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
+          }
+        }
+        wg_commit();
+      } else {
+        wg_wait<kInFlight>();  // the group that last read af[0] is done
+        F src;
+        src.load(st + C::kAStage + cw * C::kW1, st + C::kAStage + C::kWG * C::kW1 + cw * C::kS1, warp, lane);
+#pragma unroll
+        for (int kk = 0; kk < F::kSteps; ++kk) {
+          if (kk > 0) wg_wait<kInFlight>();
+          uint32_t (&f)[2][4] = af[kk % kDepth];
+          src.get(kk, f);
+          wg_fence();
+          const uint64_t desc = bdesc(kk);
+          wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
+          wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
+          if constexpr (SPLIT) {
+            const uint64_t dlo = desc + (C::kATile >> 4);
+            wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
+            wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
+          }
+          wg_commit();
+        }
+        // At most kInFlight + 1 groups are left, all of this stage: the previous one is free.
+        if (it > 0) release(prev);
+      }
+    }
+    wg_wait<0>();
+    fence_acc(reinterpret_cast<Acc(&)[2 * NT * 4]>(acc));
+    if (wg_on) {
+      if constexpr (C::kSS) store_partials<NT, 64>(a, acc, e, split, n0 + warp * 16, lane, cnt, s_slot, s_arow);
+      else store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+template <WFmt WF, bool SPLIT, int BT>
+void launch_gemm_ws(const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  using C = WgCfg<WF, SPLIT, BT>;
+  static const bool configured = [] {
+    QMOE_CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_ws_kernel<WF, SPLIT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    return true;
+  }();
+  (void)configured;
+  grid.y = (grid.y + C::kWG - 1) / C::kWG;
+  launch_pdl(gemm_ws_kernel<WF, SPLIT, BT>, grid, 384, C::kSmem, s, a);
+}
+
 // grid: (tiles, Npad / 128, splits) as for gemm_kernel; the kernel takes kWG weight tiles per CTA.
 template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_wg(const GemmArgs& a, dim3 grid, cudaStream_t s) {

@@ -602,7 +602,7 @@ void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot
     // chain exposed: qwen3-30b-a3b T = 64 ran 2.5 % slower with 4 groups), the block sized to the
     // row's share (rounded to the warp); few rows (decode), or a row that V = 4 does not fit: one
     // feature per thread, 256-thread blocks, 4 split partials at a time.
-    if (TK >= kPrefillRows && act_vec4_fits(I, y1p, b13, q, out)) {
+    if (act_vec4_fits(I, y1p, b13, q, out)) {  // WIP: V = 4 at decode too (measured 1.00-1.03x, untested)
       const int64_t groups = static_cast<int64_t>(TK) * (I / 4);
       const int ilp = groups >= int64_t{kActVecWaves} * num_sms * 2048 ? 4 : 1;
       const int per = (I / 4 + ilp - 1) / ilp;  // threads per row
