@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/kernel_iface.h"
 
@@ -189,6 +190,19 @@ struct DecFp4 {
     }
     T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), (K - k) >> 1, f, base, w);
   }
+  // The same for a step wholly inside K (k + kStep ≤ K): no bounds tests.
+  void load_full(int i, int k, typename T::F* w) const {
+    const int g = k >> 5;
+    const uint8_t* sc = rs.scales[i];
+    float f[4];
+    if (kMx) {
+      f[0] = table[sc[g]];
+      f[1] = table[sc[g + 1]];
+    } else {
+      for (int j = 0; j < 4; ++j) f[j] = table[sc[2 * g + j]] * ws2;
+    }
+    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), kBytes, f, base, w);
+  }
 };
 
 template <class T, bool kE2M3>
@@ -220,18 +234,24 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   typename T::F acc[NT][kNR];
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
-  for (int k = 0; k < kend; k += D::kStep) {
+  auto step = [&](int k, auto full) {
     if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       typename T::F w[V];
-      dec.load(i, k, w);
+      if constexpr (decltype(full)::value) dec.load_full(i, k, w);
+      else dec.load(i, k, w);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[t][i] = T::fmadd(w[v], T::loadu(act[t] + k + T::kLanes * v), acc[t][i]);
     }
-  }
+  };
+  int k = 0;
+  // Steps wholly inside K without the decoder's bounds tests, where it has that form.
+  if constexpr (requires(typename T::F* w) { dec.load_full(0, 0, w); })
+    for (const int kfull = dec.K / D::kStep * D::kStep; k < kfull; k += D::kStep) step(k, std::true_type{});
+  for (; k < kend; k += D::kStep) step(k, std::false_type{});
   for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t]);
 }
 
