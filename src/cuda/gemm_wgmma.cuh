@@ -439,11 +439,12 @@ __device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
 }
 
 // Where it can run: 128-token tiles with two weight tiles per CTA, every format (ws_built); where it
-// does by default: weights that wgmma reads from shared memory as stored (bf16: kSS, both operands
-// from shared memory) — ws_default. Measured on the H200 (bench/RESULTS.md 2026-12-03, interleaved
-// A/B against gemm_wg_kernel, T = 1024 / 4096, mixtral / qwen3 / deepseek): bf16 1.04–1.13x faster
-// (tensor pipe 62 -> 72–78 % on mixtral T = 4096); the formats decoded into registers (MXFP4 /
-// NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) are not, and stay on gemm_wg_kernel unless
+// does by default: bf16 weights against fp32-accurate activations (kSS, both operands from shared
+// memory, SPLIT: a bf16 hi and lo MMA per step) — ws_default. Measured on the H200
+// (bench/RESULTS.md 2026-12-03, interleaved A/B against gemm_wg_kernel, T = 1024 / 4096, mixtral /
+// qwen3 / deepseek / gpt-oss): that case 1.04–1.13x faster (tensor pipe 62 -> 72–78 % on mixtral
+// T = 4096); bf16 activations (one MMA per step) 0.96–1.0x, register-decoded formats (MXFP4 /
+// NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) all stay on gemm_wg_kernel unless
 // QMOE_CUDA_WS=all (gemm.cuh ws_mode) asks for them.
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_built() {
@@ -453,7 +454,7 @@ constexpr bool ws_built() {
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_default() {
   using C = WgCfg<WF, SPLIT, BT>;
-  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8;
+  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8 && SPLIT;
 }
 
 template <WFmt WF, bool SPLIT, int BT_>
