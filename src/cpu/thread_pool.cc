@@ -1,6 +1,8 @@
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -55,7 +57,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(state_m_);
     stop_ = true;
-    ++job_gen_;
+    job_gen_.fetch_add(1, std::memory_order_release);
   }
   wake_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -73,22 +75,78 @@ int ThreadPool::resolve_threads(int threads) {
 }
 
 void ThreadPool::ensure_workers(int n) {
+  (void)spin_micros();  // a malformed QMOE_CPU_SPIN_US throws here, on the caller, before any worker reads it
   std::lock_guard<std::mutex> lk(state_m_);
   while (static_cast<int>(workers_.size()) < n) {
     const int index = static_cast<int>(workers_.size());
-    const uint64_t gen = job_gen_;  // regions announced from now on are this worker's
+    const uint64_t gen = job_gen_.load(std::memory_order_relaxed);  // regions announced from now on are this worker's
     workers_.emplace_back([this, index, gen] { worker_loop(index, gen); });
   }
 }
 
+int ThreadPool::spin_micros() {
+  static const int us = [] {
+    const char* v = std::getenv("QMOE_CPU_SPIN_US");
+    if (v == nullptr || *v == '\0') return 100;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > 1000000)
+      throw Error(fmt::format("QMOE_CPU_SPIN_US = '{}': expected microseconds in [0, 1000000]", v));
+    return static_cast<int>(x);
+  }();
+  return us;
+}
+
+void ThreadPool::prewake(int threads) {
+  if (resolve_threads(threads) <= 1 || spin_micros() == 0) return;
+  bool any = false;
+  {
+    std::lock_guard<std::mutex> lk(state_m_);
+    ++prewake_gen_;
+    any = sleepers_ > 0;
+  }
+  if (any) wake_cv_.notify_all();
+}
+
+namespace {
+// Spins until `gen` moves past `seen` or `us` microseconds pass; true when it moved.
+bool spin_for(const std::atomic<uint64_t>& gen, uint64_t seen, int us) {
+  if (us <= 0) return gen.load(std::memory_order_acquire) != seen;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (gen.load(std::memory_order_acquire) != seen) return true;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return gen.load(std::memory_order_acquire) != seen;
+  }
+}
+}  // namespace
+
 void ThreadPool::worker_loop(int index, uint64_t seen) {
+  uint64_t seen_prewake = 0;
+  {
+    std::lock_guard<std::mutex> lk(state_m_);
+    seen_prewake = prewake_gen_;
+  }
   for (;;) {
     const Body* body;
     TeamShared* shared;
+    // Idle: spin a while for the next region (back-to-back regions, or one announced by
+    // prewake), then sleep until a region or a prewake arrives.
+    spin_for(job_gen_, seen, spin_micros());
     {
       std::unique_lock<std::mutex> lk(state_m_);
-      wake_cv_.wait(lk, [&] { return job_gen_ != seen; });
-      seen = job_gen_;
+      if (job_gen_.load(std::memory_order_relaxed) == seen && prewake_gen_ == seen_prewake) {
+        ++sleepers_;
+        wake_cv_.wait(lk, [&] { return job_gen_.load(std::memory_order_relaxed) != seen || prewake_gen_ != seen_prewake; });
+        --sleepers_;
+      }
+      seen_prewake = prewake_gen_;
+      if (job_gen_.load(std::memory_order_relaxed) == seen) continue;  // a prewake: spin for the region
+      seen = job_gen_.load(std::memory_order_relaxed);
       if (stop_) return;
       // Join only a region that is still open and has room for this worker.
       if (body_ == nullptr || index + 1 >= job_size_) continue;
@@ -125,15 +183,17 @@ void ThreadPool::run_body(int threads, const Body& body) {
 
   ensure_workers(n - 1);
   TeamShared shared;
+  bool any_sleeping = false;
   {
     std::lock_guard<std::mutex> lk(state_m_);
     body_ = &body;
     shared_ = &shared;
     job_size_ = n;
     entered_ = exited_ = 0;
-    ++job_gen_;
+    job_gen_.fetch_add(1, std::memory_order_release);
+    any_sleeping = sleepers_ > 0;
   }
-  wake_cv_.notify_all();
+  if (any_sleeping) wake_cv_.notify_all();  // spinning workers see job_gen_ by themselves
   {
     Team team(&shared, 0);
     try {

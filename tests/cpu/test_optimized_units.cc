@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -592,6 +593,43 @@ TEST(OptimizedUnits, ThreadPoolCoversEveryIndexOnce) {
     });
   for (auto& t : th) t.join();
   EXPECT_EQ(total.load(), 400);
+}
+
+// A helper joins every region however its worker was idle: spinning right after a region, woken
+// ahead by prewake(), or asleep after its spin ran out. Each region's two indices wait for each
+// other, so they only finish when a second member runs one of them.
+TEST(OptimizedUnits, ThreadPoolHelpersJoinAfterSpinSleepAndPrewake) {
+  if (ThreadPool::resolve_threads(2) < 2) GTEST_SKIP() << "one hardware thread";
+  const auto spin = std::chrono::microseconds(ThreadPool::spin_micros());
+  auto region_has_two_members = [] {
+    std::atomic<int> started{0};
+    std::atomic<bool> met{true};
+    ThreadPool::instance().run(2, [&](Team& team) {
+      team.for_each(2, [&](int64_t) {
+        started.fetch_add(1);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (started.load() < 2) {
+          if (std::chrono::steady_clock::now() > until) {
+            met = false;
+            return;
+          }
+          std::this_thread::yield();
+        }
+      });
+    });
+    return met.load();
+  };
+  EXPECT_TRUE(region_has_two_members()) << "first region";
+  EXPECT_TRUE(region_has_two_members()) << "back to back (helper spinning)";
+  std::this_thread::sleep_for(spin + std::chrono::milliseconds(20));
+  EXPECT_TRUE(region_has_two_members()) << "after the spin ran out (helper asleep)";
+  ThreadPool::instance().prewake(2);
+  EXPECT_TRUE(region_has_two_members()) << "right after prewake";
+  ThreadPool::instance().prewake(2);
+  std::this_thread::sleep_for(spin + std::chrono::milliseconds(20));
+  EXPECT_TRUE(region_has_two_members()) << "prewake, then the spin ran out";
+  ThreadPool::instance().prewake(1);  // one thread: nothing to wake
+  EXPECT_TRUE(region_has_two_members()) << "after prewake(1)";
 }
 
 }  // namespace
