@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "moe/router_logits.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
@@ -56,6 +57,9 @@ void MoELayer::plan_from_hidden(const float* x, int T, MoEWorkspace& ws) const {
   if (x == nullptr) throw Error("plan_from_hidden: hidden states are null");
   // Before the router: NaN / Inf in the input is reported as such, not as bad router logits.
   check_finite_rows(x, T, experts_.hidden, "hidden_states", "plan_from_hidden");
+  // The optimized experts' helper threads start waking now and are spinning by the time run()
+  // opens its region (the router and routing take ~15 µs at decode).
+  if (opt_.kernel != Kernel::Reference && !opt_.runner) cpu::ThreadPool::instance().prewake(opt_.threads);
   const int64_t E = router_weight_.dim(0);
   thread_local std::vector<float> logits;  // grown only
   logits.resize(static_cast<size_t>(T) * static_cast<size_t>(E));
