@@ -60,7 +60,7 @@ inline __m512i raise_exponents(__m512i tab, __mmask32 nonzero, __m512i delta) {
 }
 inline __m512i exp_delta(int s) { return _mm512_set1_epi16(static_cast<short>((s - 127) << 7)); }
 
-// The few-token kernel (bf16_terms_kernel) takes the codes unscaled (load_unscaled: the fixed table)
+// The few-token kernel (bf16_kernel) takes the codes unscaled (load_unscaled: the fixed table)
 // and multiplies each step's fp32 products by [2^(s_g−127) ×8 | 2^(s_g+1−127) ×8] (factor: the
 // fp32 lanes 0–7 of a step hold block g's products, 8–15 block g + 1's), one FMA per step, row and
 // activation row instead of raising the table per step and row; the decoded-row buffer takes the
@@ -102,7 +102,7 @@ struct BDecMxfp4 {
 // MXFP6: 32 codes = 24 bytes (4 codes in 3 bytes, little endian) per block. Lane L of the vector
 // takes source words 3L..3L+2 (bytes 6L..6L+5: its 8 codes), a byte shuffle puts the 16-bit window
 // holding code j into word j, a variable shift aligns it; vpermt2w looks up the 6-bit code.
-// The few-token kernel (bf16_terms_kernel) takes the block's codes unscaled (load_unscaled: the fixed
+// The few-token kernel (bf16_kernel) takes the block's codes unscaled (load_unscaled: the fixed
 // table) and multiplies each block's fp32 dot product by its factor 2^(s−127) (one FMA per block
 // and activation row, where raising the two tables cost a scalar round trip, a broadcast and two
 // masked adds per block and row); the decoded-row buffer takes the raised codes (load).
@@ -145,14 +145,19 @@ constexpr bool block_factor_of() {
   return false;
 }
 
-// NTOK tokens of NTERM activation terms each (the bf16 pieces that sum to their fp32 values;
-// act[t·NTERM + j]: token t's term j) against a block-factor decoder (D::load_unscaled, D::factor):
-// a token's products of a step are summed into one vector per row before the block factor, one FMA
-// per step, row and token. NTERM = 1 serves bf16_group's rows of one term; NTERM = 2, 3 takes 1–4 tokens
-// of several terms without the decoded-row buffer their 6–12 term rows would need. res[t][i].
+// NTOK activation rows (tokens of NTERM terms each: the bf16 pieces that sum to their fp32 values;
+// act[t·NTERM + j] is token t's term j) against kNR weight rows, res[t][i]:
+//  * block-factor decoders (D::load_unscaled, D::factor; MX codes through the fixed table): a
+//    token's products of a step, all its terms, are summed into one vector per row before the
+//    block factor — one FMA per step, row and token. NTERM = 2, 3 takes 1–4 tokens of several
+//    terms without the decoded-row buffer their 6–12 term rows would need;
+//  * decoders whose codes carry the scale (D::load: bf16 weights, FP8, the raised MX tables of the
+//    decoded-row buffer): dot products accumulated directly (rows of one term).
 template <class D, int NTOK, int NTERM>
-void bf16_terms_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int kend, float (*res)[kNR]) {
+void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int kend, float (*res)[kNR]) {
   constexpr int V = D::kStep / 32;
+  constexpr bool kFactor = block_factor_of<D>();
+  static_assert(kFactor || NTERM == 1, "rows of several terms need a block-factor decoder");
   __m512 acc[NTOK][kNR];
   for (int t = 0; t < NTOK; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
@@ -161,69 +166,38 @@ void bf16_terms_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* co
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512i w[V];
-      dec.load_unscaled(i, k, w);
-      const __m512 f = dec.factor(i, k);
+      if constexpr (kFactor) {
+        dec.load_unscaled(i, k, w);
+        const __m512 f = dec.factor(i, k);
 #pragma GCC unroll 4
-      for (int t = 0; t < NTOK; ++t) {
-        __m512 p = _mm512_setzero_ps();
+        for (int t = 0; t < NTOK; ++t) {
+          __m512 p = _mm512_setzero_ps();
 #pragma GCC unroll 3
-        for (int j = 0; j < NTERM; ++j)
+          for (int j = 0; j < NTERM; ++j)
 #pragma GCC unroll 2
-          for (int v = 0; v < V; ++v) p = dpbf16(p, w[v], _mm512_loadu_si512(act[t * NTERM + j] + k + 32 * v));
-        acc[t][i] = _mm512_fmadd_ps(p, f, acc[t][i]);
+            for (int v = 0; v < V; ++v) p = dpbf16(p, w[v], _mm512_loadu_si512(act[t * NTERM + j] + k + 32 * v));
+          acc[t][i] = _mm512_fmadd_ps(p, f, acc[t][i]);
+        }
+      } else {
+        dec.load(i, k, w);
+#pragma GCC unroll 4
+        for (int t = 0; t < NTOK; ++t)
+#pragma GCC unroll 2
+          for (int v = 0; v < V; ++v) acc[t][i] = dpbf16(acc[t][i], w[v], _mm512_loadu_si512(act[t] + k + 32 * v));
       }
     }
   }
   for (int t = 0; t < NTOK; ++t) _mm_storeu_ps(res[t], hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
 }
 
-// NV activation rows against a decoder whose codes carry the block scale (D::load: bf16 weights,
-// FP8, the raised MX tables of the decoded-row buffer).
-template <class D, int NV>
-void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int kend, float (*res)[kNR]) {
-  constexpr int V = D::kStep / 32;
-  __m512 acc[NV][kNR];
-  for (int t = 0; t < NV; ++t)
-    for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
-  for (int k = 0; k < kend; k += D::kStep) {
-    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes>(k / D::kStep);
-#pragma GCC unroll 4
-    for (int i = 0; i < kNR; ++i) {
-      __m512i w[V];
-      dec.load(i, k, w);
-#pragma GCC unroll 4
-      for (int t = 0; t < NV; ++t)
-#pragma GCC unroll 2
-        for (int v = 0; v < V; ++v) acc[t][i] = dpbf16(acc[t][i], w[v], _mm512_loadu_si512(act[t] + k + 32 * v));
-    }
-  }
-  for (int t = 0; t < NV; ++t) _mm_storeu_ps(res[t], hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
-}
-
-template <class D, int NTERM>
-void bf16_terms_group(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int ntok, int kend,
-                      float (*res)[kNR]) {
+// 1–4 activation rows of NTERM terms each (ntok: their count).
+template <class D, int NTERM = 1>
+void bf16_group(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int ntok, int kend, float (*res)[kNR]) {
   switch (ntok) {
-    case 1: bf16_terms_kernel<D, 1, NTERM>(dec, pf, act, kend, res); break;
-    case 2: bf16_terms_kernel<D, 2, NTERM>(dec, pf, act, kend, res); break;
-    case 3: bf16_terms_kernel<D, 3, NTERM>(dec, pf, act, kend, res); break;
-    default: bf16_terms_kernel<D, 4, NTERM>(dec, pf, act, kend, res); break;
-  }
-}
-
-// nv activation rows of one term each: block-factor decoders scale each step's products
-// (bf16_terms_kernel), the others read rows whose codes carry the scale (bf16_kernel).
-template <class D>
-void bf16_group(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* act, int nv, int kend, float (*res)[kNR]) {
-  if constexpr (block_factor_of<D>()) {
-    bf16_terms_group<D, 1>(dec, pf, act, nv, kend, res);
-    return;
-  }
-  switch (nv) {
-    case 1: bf16_kernel<D, 1>(dec, pf, act, kend, res); break;
-    case 2: bf16_kernel<D, 2>(dec, pf, act, kend, res); break;
-    case 3: bf16_kernel<D, 3>(dec, pf, act, kend, res); break;
-    default: bf16_kernel<D, 4>(dec, pf, act, kend, res); break;
+    case 1: bf16_kernel<D, 1, NTERM>(dec, pf, act, kend, res); break;
+    case 2: bf16_kernel<D, 2, NTERM>(dec, pf, act, kend, res); break;
+    case 3: bf16_kernel<D, 3, NTERM>(dec, pf, act, kend, res); break;
+    default: bf16_kernel<D, 4, NTERM>(dec, pf, act, kend, res); break;
   }
 }
 
@@ -289,8 +263,8 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     float res[kNT][kNR];
     if constexpr (block_factor_of<D>()) {
       if (uniform_terms >= 2) {  // ≤ kNT tokens of 2 or 3 terms each
-        if (uniform_terms == 2) bf16_terms_group<D, 2>(dec, pf, vr.ptr, a.ntok, kend, res);
-        else bf16_terms_group<D, 3>(dec, pf, vr.ptr, a.ntok, kend, res);
+        if (uniform_terms == 2) bf16_group<D, 2>(dec, pf, vr.ptr, a.ntok, kend, res);
+        else bf16_group<D, 3>(dec, pf, vr.ptr, a.ntok, kend, res);
         for (int j = 0; j < a.ntok; ++j)
           for (int i = 0; i < kNR; ++i) dot[j][i] = static_cast<double>(res[j][i]);
         epilogue(a, n0, nr, 0, a.ntok, dot);
