@@ -109,18 +109,18 @@ void ThreadPool::prewake(int threads) {
 }
 
 namespace {
-// Spins until `gen` moves past `seen` or `us` microseconds pass; true when it moved.
-bool spin_for(const std::atomic<uint64_t>& gen, uint64_t seen, int us) {
-  if (us <= 0) return gen.load(std::memory_order_acquire) != seen;
+// Spins until `gen` moves past `seen` or `us` microseconds pass (the caller checks which, under
+// the pool's lock).
+void spin_for(const std::atomic<uint64_t>& gen, uint64_t seen, int us) {
+  if (us <= 0) return;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-  for (;;) {
+  while (std::chrono::steady_clock::now() < deadline) {
     for (int i = 0; i < 64; ++i) {
-      if (gen.load(std::memory_order_acquire) != seen) return true;
+      if (gen.load(std::memory_order_acquire) != seen) return;
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
     }
-    if (std::chrono::steady_clock::now() >= deadline) return gen.load(std::memory_order_acquire) != seen;
   }
 }
 }  // namespace

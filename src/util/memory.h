@@ -2,8 +2,9 @@
 // kHugeMin bytes or more is aligned to 2 MiB and advised as transparent-huge-page memory on Linux
 // (madvise MADV_HUGEPAGE: effective where THP is "madvise" or "always"), so that streaming the
 // expert weights at decode walks one page table entry per 2 MiB instead of per 4 KiB — on a
-// virtual machine each TLB miss is a two-level walk (bench/RESULTS.md, 2026-12-03 evening:
-// qwen3-30b-a3b 4-bit layers 5–14% faster at T = 1 / 16). Smaller buffers are 64-byte aligned.
+// virtual machine each TLB miss is a two-level walk (bench/RESULTS.md, 2026-12-03 late:
+// qwen3-30b-a3b layers 8–18 % faster at T = 1, 1–8 % at T = 16). Smaller buffers are 64-byte
+// aligned.
 #pragma once
 
 #include <cstddef>

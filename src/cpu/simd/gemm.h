@@ -197,35 +197,26 @@ struct DecFp4 {
   float ws2;
   typename T::F base;  // T::fp4_base()
   static constexpr int kStep = 64, kBytes = 32;
-  float factor(const uint8_t* sc, int b, int nblocks) const {
-    if (b >= nblocks) return 0.0f;
-    return kMx ? table[sc[b]] : table[sc[b]] * ws2;
-  }
-  void load(int i, int k, typename T::F* w) const {
+  // kFull: the step lies wholly inside K (k + kStep ≤ K), no bounds tests (load_full).
+  template <bool kFull>
+  void load_at(int i, int k, typename T::F* w) const {
     const int g = k >> 5;  // first group of the chunk
     const uint8_t* sc = rs.scales[i];
+    auto factor = [&](int b, int nblocks) {
+      if (!kFull && b >= nblocks) return 0.0f;
+      return kMx ? table[sc[b]] : table[sc[b]] * ws2;
+    };
     float f[4];
     if (kMx) {
-      f[0] = factor(sc, g, K >> 5);
-      f[1] = factor(sc, g + 1, K >> 5);
+      f[0] = factor(g, K >> 5);
+      f[1] = factor(g + 1, K >> 5);
     } else {
-      for (int j = 0; j < 4; ++j) f[j] = factor(sc, 2 * g + j, K >> 4);
+      for (int j = 0; j < 4; ++j) f[j] = factor(2 * g + j, K >> 4);
     }
-    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), (K - k) >> 1, f, base, w);
+    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), kFull ? kBytes : (K - k) >> 1, f, base, w);
   }
-  // The same for a step wholly inside K (k + kStep ≤ K): no bounds tests.
-  void load_full(int i, int k, typename T::F* w) const {
-    const int g = k >> 5;
-    const uint8_t* sc = rs.scales[i];
-    float f[4];
-    if (kMx) {
-      f[0] = table[sc[g]];
-      f[1] = table[sc[g + 1]];
-    } else {
-      for (int j = 0; j < 4; ++j) f[j] = table[sc[2 * g + j]] * ws2;
-    }
-    T::template dec_fp4<kMx>(rs.row[i] + (k >> 1), kBytes, f, base, w);
-  }
+  void load(int i, int k, typename T::F* w) const { load_at<false>(i, k, w); }
+  void load_full(int i, int k, typename T::F* w) const { load_at<true>(i, k, w); }
 };
 
 template <class T, bool kE2M3>
