@@ -54,6 +54,12 @@ struct CudaOptions {
   // Weight-only / unquantized schemes: round activations and the intermediate to bf16 once
   // (vLLM's precision, rel-L2 ~1e-3) instead of the exact bf16 hi + lo split (2 MMAs).
   bool bf16_activations = false;
+  // FP8 W8A8 schemes: token tiles of 64 and up on the e4m3 tensor cores (wgmma on e4m3 weights and
+  // activation codes, each 128-K stage's sum added into fp32) instead of fp16 MMAs on the decoded
+  // codes. Products stay exact, but Hopper's fp8 MMA adds them with ~13 fraction bits, so the
+  // intermediate's FP8 quantization can land on the neighbouring grid point: vLLM's precision
+  // class (rel-L2 ~1e-3 .. 1e-2, as bf16_activations), not the fp32-accurate default.
+  bool fp8_mma = false;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   // Tiles of 32 tokens and up on Hopper's warpgroup MMA where the tile table picks it (sm_90a

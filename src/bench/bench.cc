@@ -92,11 +92,12 @@ SchemeEntry parse_scheme_entry(const std::string& entry) {
     else if (suf == "xbf16") e.x_bf16 = true;
     else if (suf == "route") e.route = true;
     else if (suf == "nowg") e.no_wgmma = true;
+    else if (suf == "f8mma") e.fp8_mma = true;
     else if (const int t = tile_suffix(suf)) e.token_tile = t;
     else if (const int k = ksplit_suffix(suf)) e.ksplit = k;
     else
       throw Error(fmt::format("--scheme '{}': unknown suffix '+{}' (known: +bf16act, +xbf16, +route, +nowg, "
-                              "+tile8|16|32|64|128, +ks1…{})",
+                              "+f8mma, +tile8|16|32|64|128, +ks1…{})",
                               entry, suf, cuda::kMaxKSplit));
     e.label += "+" + suf;
     p = q;

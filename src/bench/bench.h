@@ -40,11 +40,12 @@ inline constexpr const char* kStandardShapes = "mixtral-8x7b,deepseek-v3,qwen3-3
 //   +bf16act  CudaOptions::bf16_activations      +xbf16  hidden states in bf16
 //   +route    device routing in the timed graph   +nowg   no wgmma (mma.sync for every tile)
 //   +tileN    CudaOptions::token_tile = N        +ksN    CudaOptions::ksplit = N (both GEMMs)
+//   +f8mma    CudaOptions::fp8_mma (FP8 W8A8 on the e4m3 tensor cores)
 // The label (the entry as written) is what tables, JSON and CSV print: bench_cuda's labels.
 struct SchemeEntry {
   std::string label;
   const SchemeInfo* scheme = nullptr;
-  bool bf16_act = false, x_bf16 = false, route = false, no_wgmma = false;
+  bool bf16_act = false, x_bf16 = false, route = false, no_wgmma = false, fp8_mma = false;
   int token_tile = 0;
   int ksplit = 0;
   bool has_suffix() const { return label.find('+') != std::string::npos; }

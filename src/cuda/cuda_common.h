@@ -46,8 +46,10 @@ class GrowBuf {
 
 // Weight element formats as the GEMM kernels see them.
 enum class WFmt : int { BF16, FP8, INT8, MXFP4, MXFP6_E2M3, MXFP6_E3M2, NVFP4 };
-// GEMM activation operand: bf16 values, bf16 hi + lo pair (fp32-accurate), int8 codes.
-enum class AFmt : int { Bf16, Bf16Split, Int8 };
+// GEMM activation operand: bf16 values, bf16 hi + lo pair (fp32-accurate), int8 codes, e4m3 codes
+// (FP8 W8A8 on the e4m3 tensor cores, CudaOptions::fp8_mma: one byte per element, each 16-element
+// chunk of a row in the order e4m3_act_pos gives, qdq_fast.h).
+enum class AFmt : int { Bf16, Bf16Split, Int8, E4m3 };
 
 constexpr int kBW = 128;      // weight rows (GEMM output features) per CTA tile
 constexpr int kGemmThreads = 128;
@@ -135,6 +137,7 @@ struct RowQuant {
   MxScaleMode mx_mode = MxScaleMode::Even;
   bool split = false;                    // None: also write the bf16 low part
   bool f16 = false;                      // FP8 modes: write fp16 (for FP8-weight GEMMs) instead of bf16
+  bool e4m3 = false;                     // FP8 modes: write e4m3 codes at e4m3_act_pos (AFmt::E4m3)
   float static_scale = 0.0f;             // fp8/int8 static: dequant-direction s; nvfp4: gs
   const unsigned* tensor_amax = nullptr;  // Fp8DynTensor: float bits of max |v| over the tensor
 };

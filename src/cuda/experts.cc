@@ -114,6 +114,11 @@ struct CudaExperts::Impl {
   // opt.wgmma and this build's wgmma kernels run on the device: resolved once at construction
   // (a device-properties query), not per launch.
   bool wgmma = false;
+  // CudaOptions::fp8_mma on an FP8 scheme with the wgmma kernels: calls whose token tile is 64 or
+  // more quantize into a1_e8 / a2_e8 (e4m3 codes, rows of Kpad bytes, AFmt::E4m3). Their own
+  // buffers, zeroed once: the K padding of every row stays zero (no fp16 row ever lands there).
+  bool fp8_mma = false;
+  DevBuf a1_e8, a2_e8;
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
   // Host-call staging.
   DevBuf h_x, h_ids, h_w, h_out;
@@ -439,6 +444,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   m.opt = opt;
   m.wf = wfmt_of(s.weight);
   m.wgmma = opt.wgmma && wgmma_available();
+  m.fp8_mma = opt.fp8_mma && m.wf == WFmt::FP8 && m.wgmma;
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
   if (int8_w != int8_a)
@@ -672,6 +678,10 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.a2_hi.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);
   if (split) m.a2_lo.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);
   m.a2_scale.alloc(sizeof(float) * TK);
+  if (m.fp8_mma) {
+    m.a1_e8.alloc(static_cast<size_t>(m.max_T) * m.w13.Kpad);
+    m.a2_e8.alloc(static_cast<size_t>(TK) * m.w2.Kpad);
+  }
   m.y1p.alloc(sizeof(float) * m.cap_rows * static_cast<size_t>(2 * m.I), false);
   m.y2p.alloc(sizeof(float) * m.cap_rows * static_cast<size_t>(m.H), false);
   if (m.scheme->act == ActQuant::Fp8DynTensor) m.zbuf.alloc(sizeof(float) * TK * static_cast<size_t>(m.I), false);
@@ -728,25 +738,31 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   if (!fuse_prep) launch_align(al, s);
 
   const bool rowscale = is_dyn_rowscale(sc.act);
+  // FP8 on the e4m3 tensor cores: the tiles of the e4m3 wgmma kernel (gemm_fp8.cu).
+  const bool e8 = m.fp8_mma && (pl.bt == 64 || pl.bt == 128);
   // A bf16 input is its own hi part: GEMM1 runs on one MMA (the lo part would be zeros).
-  const AFmt af1 = (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
+  const AFmt af1 = e8 ? AFmt::E4m3 : (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
+  const AFmt af2 = e8 ? AFmt::E4m3 : m.af;
   RowQuant q1;
   q1.mode = sc.act;
   q1.mx_mode = m.mx_mode;
   q1.split = af1 == AFmt::Bf16Split;
   q1.f16 = m.wf == WFmt::FP8;
+  q1.e4m3 = e8;
   q1.static_scale = m.a13;
   q1.tensor_amax = amax;
   RowQuant q2 = q1;
-  q2.split = m.af == AFmt::Bf16Split;
+  q2.split = af2 == AFmt::Bf16Split;
   q2.static_scale = m.a2;
   q2.tensor_amax = amax + 1;
   if (dyn_tensor) {
     QMOE_CUDA_CHECK(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), s));
     launch_absmax_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, amax, s);
   }
-  const int eb = m.a_elem_bytes();
-  RowOut o1{m.a1_hi.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
+  const int eb = e8 ? 1 : m.a_elem_bytes();
+  const DevBuf& a1 = e8 ? m.a1_e8 : m.a1_hi;
+  const DevBuf& a2 = e8 ? m.a2_e8 : m.a2_hi;
+  RowOut o1{a1.get(), m.a1_lo.get(), m.a1_scale.as<float>(), m.w13.Kpad};
   if (fuse_prep)
     launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(),
                 m.smem_optin, s);
@@ -781,17 +797,17 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.kt_per_split = kps;
     return g;
   };
-  GemmArgs g1 = gemm_args(m.w13, m.a1_hi, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
   g1.tiles_after_wait = fuse_prep;
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
-  RowOut o2{m.a2_hi.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
+  RowOut o2{a2.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
              dyn_tensor, m.zbuf.as<float>(), amax + 1, m.num_sms, s);
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
-  const GemmArgs g2 = gemm_args(m.w2, m.a2_hi, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
-  launch_gemm(m.wf, m.af, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
+  const GemmArgs g2 = gemm_args(m.w2, a2, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  launch_gemm(m.wf, af2, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
   launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,
                  router_weight_on_input, m.w2.bias.as<float>(), d_out, accumulate, m.bad.as<int32_t>(), s);

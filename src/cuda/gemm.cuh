@@ -214,17 +214,29 @@ __device__ __forceinline__ void mma_frag(Acc (&c)[4], const uint32_t (&a)[4], ui
   else mma_16<AFrag<WF>::kF16>(c, a, b0, b1);
 }
 
+// The accumulators of a GEMM kernel, [m-fragment][token fragment][4], set to zero.
+template <class Acc, int NT>
+__device__ __forceinline__ void zero_acc(Acc (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
+}
+
 // ---- epilogue ------------------------------------------------------------------------------------
 // Scales in fp32 and one partial per (split, slot, row): the warp's rows nw + kMStride·mt + lane/4
-// (+ 8), its tokens j = 8·nt + 2·(lane % 4) + q (the mma.sync C and the wgmma D layouts alike).
-template <int NT, int kMStride = 16, class Acc>
-__device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&acc)[2][NT][4], int e, int split, int nw,
+// (+ 8) for its M m-fragments, its tokens j = 8·nt + 2·(lane % 4) + q (the mma.sync C and the
+// wgmma D layouts alike).
+template <int NT, int kMStride = 16, class Acc, int M>
+__device__ __forceinline__ void store_partials(const GemmArgs& a, const Acc (&acc)[M][NT][4], int e, int split, int nw,
                                                int lane, int cnt, const int* s_slot, const int* s_arow) {
   const float es = a.escale[e];
   const float* cs = a.colscale ? a.colscale + static_cast<int64_t>(e) * a.Npad : nullptr;
   float* out = a.out + static_cast<int64_t>(split) * a.TK * a.N;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+  for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int n = nw + mt * kMStride + (lane >> 2) + h * 8;
@@ -400,12 +412,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   // Accumulators: [m-fragment][token fragment][4].
   using Acc = typename std::conditional<C::kInt8, int, float>::type;
   Acc acc[2][NT][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
+  zero_acc(acc);
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {

@@ -193,8 +193,135 @@ struct WgCfg {
   // (76 KB per one-warpgroup stage) does not fit and keeps the mma.sync kernel.
   static constexpr bool kSupported = kStagesFit >= 3;
   static_assert(kARaw % 128 == 0, "whole swizzle rows");
+  // Register-A formats: the A fragments of kDepth k steps in flight (a k step reuses the registers
+  // of the step kDepth before it, after wait_group kDepth − 1; kSteps is a multiple of kDepth, so
+  // the rotation is the same in every stage; 2 with the hi + lo split, whose groups are twice as
+  // long and whose registers are short). Shared-memory-A formats commit one group per stage.
+  static constexpr int kDepth = kSS ? 1 : SPLIT ? 2 : 4;
+  static constexpr int kInFlight = kSS ? 1 : kDepth - 1;
+  static_assert(AFrag<WF>::kSteps % kDepth == 0, "A-register rotation");
 };
 constexpr int kStrip = 8;  // token tiles per rasterisation strip
+
+// ---- pieces of gemm_wg_kernel and gemm_ws_kernel ------------------------------------------------
+// Strip rasterisation of (token tile x, weight-tile group y) over the linear CTA index.
+__device__ __forceinline__ void wg_cta_tile(int& tile, int& ty) {
+  const int lin = blockIdx.x + gridDim.x * blockIdx.y;
+  const int strip = lin / (kStrip * gridDim.y);
+  const int width = min(kStrip, static_cast<int>(gridDim.x) - strip * kStrip);
+  const int rem = lin - strip * kStrip * gridDim.y;
+  tile = strip * kStrip + rem % width;
+  ty = rem / width;
+}
+
+// The token tile's expert and token count; its tokens' slots and activation rows into shared
+// memory (threads t = 0 … kThreads − 1; −1 past the count).
+template <int BT, int kThreads>
+__device__ __forceinline__ void wg_tile_tokens(const GemmArgs& a, int tile, int t, int& e, int& cnt, int* s_slot,
+                                               int* s_arow) {
+  e = __ldcg(a.tile_expert + tile);
+  const int m0 = __ldcg(a.tile_m0 + tile);
+  cnt = min(BT, __ldcg(a.counts + e) - m0);
+  const int base = __ldcg(a.offsets + e) + m0;
+  for (int i = t; i < BT; i += kThreads) {
+    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
+    s_slot[i] = slot;
+    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
+  }
+}
+
+// One 128-row weight tile of a k stage into `st` (wk: the tile's bytes at this stage, offset by
+// this thread's 16), copied by one warpgroup (wtid: the thread's index in it) exactly as
+// gemm_kernel does; BF16 / INT8 rows 128B-swizzled.
+template <class C>
+__device__ __forceinline__ void wg_copy_weights(uint8_t* st, const uint8_t* wk, int wtid) {
+  using WT = typename C::WT;
+  constexpr int kWChunksRow = WT::kRaw / 16;
+  constexpr int kWPer = kBW * kWChunksRow / 128;
+#pragma unroll
+  for (int i = 0; i < kWPer; ++i) {
+    const int c = wtid + i * 128;
+    const int r = c / kWChunksRow, q = c % kWChunksRow;
+    cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
+  }
+}
+
+// The activation rows of a k stage (koff: its byte offset in a row) into the swizzled layout
+// [atom][row][128 bytes] of the hi (and, SPLIT, lo) operand, by threads t = 0 … kThreads − 1.
+// kUnroll: the copy loop's unroll factor (0: whole).
+template <class C, bool SPLIT, int kThreads, int kUnroll>
+__device__ __forceinline__ void wg_copy_acts(const GemmArgs& a, uint8_t* adst, int64_t koff, int t, const int* s_arow) {
+  constexpr int BT = C::BT;
+  constexpr int kAChunksRow = C::kARaw / 16;
+  constexpr int kAPer = BT * kAChunksRow / kThreads;
+  constexpr int kU = kUnroll > 0 ? kUnroll : kAPer;
+  static_assert(BT * kAChunksRow % kThreads == 0, "activation chunks per thread");
+  const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
+  const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
+#pragma unroll(kU)
+  for (int i = 0; i < kAPer; ++i) {
+    const int c = t + i * kThreads;
+    const int r = c / kAChunksRow, q = c % kAChunksRow;
+    const int arow = s_arow[r];
+    const int64_t src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + koff + q * 16;
+    const int dst = (q >> 3) * (BT * 128) + sw128_offset(r, q);
+    cp_async16_zfill(adst + dst, abase_hi + src, arow >= 0);
+    if constexpr (SPLIT) cp_async16_zfill(adst + C::kATile + dst, abase_lo + src, arow >= 0);
+  }
+}
+
+// One warpgroup's MMAs over a stage at shared address abase (activation operand of k step kk: atom
+// kk / 4, byte offset 32 · (kk % 4) inside the swizzled row; the lo part, SPLIT, kATile further),
+// with weight tile slot `cw` of the stage.
+template <int BT>
+__device__ __forceinline__ uint64_t wg_act_desc(uint32_t abase, int kk) {
+  return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32);
+}
+// Shared-memory A (BF16, INT8): one group; weight rows 64·mt.. of the swizzled tile.
+template <WFmt WF, bool SPLIT, int BT, class Acc>
+__device__ __forceinline__ void wg_mma_stage_ss(Acc (&acc)[2][BT / 8][4], uint32_t abase, int cw) {
+  using C = WgCfg<WF, SPLIT, BT>;
+  const uint32_t wbase = abase + C::kAStage + cw * C::kW1;
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < AFrag<WF>::kSteps; ++kk) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
+      wgmma_ss<WF, BT>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk));
+      if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk) + (C::kATile >> 4));
+    }
+  }
+  wg_commit();
+}
+// Register A (the decode formats): the stage's fragment words loaded once, then per k step the
+// decoded fragments into the registers of the step kDepth before (after that step's group is
+// done) and one group; kSteps groups per stage.
+template <WFmt WF, bool SPLIT, int BT, class Acc>
+__device__ __forceinline__ void wg_mma_stage_rs(Acc (&acc)[2][BT / 8][4], uint32_t (&af)[WgCfg<WF, SPLIT, BT>::kDepth][2][4],
+                                                const uint8_t* st, int cw, int warp, int lane) {
+  using C = WgCfg<WF, SPLIT, BT>;
+  using F = AFrag<WF>;
+  const uint32_t abase = smem_u32(st);
+  F src;
+  src.load(st + C::kAStage + cw * C::kW1, st + C::kAStage + C::kWG * C::kW1 + cw * C::kS1, warp, lane);
+#pragma unroll
+  for (int kk = 0; kk < F::kSteps; ++kk) {
+    if (kk > 0) wg_wait<C::kInFlight>();  // the group that last read af[kk % kDepth] is done
+    uint32_t (&f)[2][4] = af[kk % C::kDepth];
+    src.get(kk, f);
+    wg_fence();
+    const uint64_t desc = wg_act_desc<BT>(abase, kk);
+    wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
+    wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
+    if constexpr (SPLIT) {
+      const uint64_t dlo = desc + (C::kATile >> 4);
+      wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
+      wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
+    }
+    wg_commit();
+  }
+}
 
 template <WFmt WF, bool SPLIT, int BT_>
 __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPLIT, BT_>::kMinBlocks)
@@ -202,7 +329,6 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
 #if QMOE_WGMMA_DEVICE
   using C = WgCfg<WF, SPLIT, BT_>;
   using WT = typename C::WT;
-  using F = AFrag<WF>;
   static_assert(C::kSupported, "3 pipeline stages must fit");
   constexpr int BT = C::BT, NT = BT / 8, S = C::kStages, D = S - 2;
   constexpr int kThreads = C::kThreads;
@@ -211,24 +337,13 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   __shared__ int s_slot[BT];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
 
-  // Strip rasterisation of (token tile x, weight-tile group y) over the linear CTA index.
-  const int lin = blockIdx.x + gridDim.x * blockIdx.y;
-  const int strip = lin / (kStrip * gridDim.y);
-  const int width = min(kStrip, static_cast<int>(gridDim.x) - strip * kStrip);
-  const int rem = lin - strip * kStrip * gridDim.y;
-  const int tile = strip * kStrip + rem % width;
-  const int ty = rem / width;
+  int tile, ty;
+  wg_cta_tile(tile, ty);
   if (a.tiles_after_wait) pdl_wait();  // align ran in the kernel just before (gemm_kernel)
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-  const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
-  const int cnt = min(BT, __ldcg(a.counts + e) - m0);
-  const int base = __ldcg(a.offsets + e) + m0;
-  for (int i = tid; i < BT; i += kThreads) {
-    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
-    s_slot[i] = slot;
-    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
-  }
+  int e, cnt;
+  wg_tile_tokens<BT, kThreads>(a, tile, tid, e, cnt, s_slot, s_arow);
   const int wtile = ty * C::kWG + wg;  // this warpgroup's 128-row weight tile
   const bool wg_on = wtile < a.Npad / kBW;
   const int n0 = wtile * kBW;
@@ -237,47 +352,23 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
   const int nk = kt1 - kt0;
 
-  // Weights: each warpgroup copies its own tile exactly as gemm_kernel does (kWPer chunks per thread).
-  constexpr int kWChunksRow = WT::kRaw / 16;
-  constexpr int kWPer = kBW * kWChunksRow / 128;
+  // Weights: each warpgroup copies its own tile.
   const uint8_t* wsrc = a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) + wtid * 16;
   const uint8_t* sbase = nullptr;
   if constexpr (WT::kScale > 0) sbase = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(n0) * WT::kScale;
   auto load_w = [&](int buf, int kt) {
     if (!wg_on) return;
     uint8_t* st = smem + buf * C::kStageBytes + C::kAStage + wg * C::kW1;
-    const uint8_t* wk = wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw);
-#pragma unroll
-    for (int i = 0; i < kWPer; ++i) {
-      const int c = wtid + i * 128;
-      const int r = c / kWChunksRow, q = c % kWChunksRow;
-      cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
-    }
+    wg_copy_weights<C>(st, wsrc + static_cast<int64_t>(kt) * (kBW * WT::kRaw), wtid);
     if constexpr (WT::kScale > 0) {
       uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + wg * C::kS1;
       const uint8_t* src = sbase + static_cast<int64_t>(kt) * a.Npad * WT::kScale;
       if (wtid < C::kS1 / 16) cp_async16(ss + wtid * 16, src + wtid * 16);
     }
   };
-  // Activations: 128 rows × kARaw bytes into the swizzled layout [atom][row][128 bytes].
-  constexpr int kAChunksRow = C::kARaw / 16;
-  constexpr int kAPer = BT * kAChunksRow / kThreads;
-  static_assert(BT * kAChunksRow % kThreads == 0, "activation chunks per thread");
-  const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
-  const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
+  // Activations: BT rows, by all threads.
   auto load_a = [&](int buf, int kt) {
-    uint8_t* adst = smem + buf * C::kStageBytes;
-    const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
-#pragma unroll
-    for (int i = 0; i < kAPer; ++i) {
-      const int c = tid + i * kThreads;
-      const int r = c / kAChunksRow, q = c % kAChunksRow;
-      const int arow = s_arow[r];
-      const int64_t src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + koff + q * 16;
-      const int dst = (q >> 3) * (BT * 128) + sw128_offset(r, q);
-      cp_async16_zfill(adst + dst, abase_hi + src, arow >= 0);
-      if constexpr (SPLIT) cp_async16_zfill(adst + C::kATile + dst, abase_lo + src, arow >= 0);
-    }
+    wg_copy_acts<C, SPLIT, kThreads, 0>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, tid, s_arow);
   };
 
   // Weight prologue (one group) before the wait for the activations' producer (launch.cuh), then
@@ -297,24 +388,12 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
 
   using Acc = typename std::conditional<C::kInt8, int, float>::type;
   Acc acc[2][NT][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
-  // Register-A formats: the A fragments of kDepth k steps in flight (a k step reuses the registers
-  // of the step kDepth before it, after wait_group kDepth − 1; kSteps is a multiple of kDepth, so
-  // the rotation is the same in every stage; 2 with the hi + lo split, whose groups are twice as
-  // long and whose registers are short). Shared-memory-A formats commit one group per stage.
-  constexpr int kDepth = C::kSS ? 1 : SPLIT ? 2 : 4;
-  constexpr int kInFlight = C::kSS ? 1 : kDepth - 1;
-  static_assert(F::kSteps % kDepth == 0, "A-register rotation");
-  uint32_t af[kDepth][2][4];
+  zero_acc(acc);
+  uint32_t af[C::kDepth][2][4];  // register-A formats' fragments in flight (WgCfg::kDepth)
   (void)af;
 
   for (int it = 0; it < nk; ++it) {
-    wg_wait<kInFlight>();   // this warpgroup's reads of stage it − 2 are done
+    wg_wait<C::kInFlight>();  // this warpgroup's reads of stage it − 2 are done
     cp_async_wait<D - 1>();  // this thread's copies of stage it have landed
     fence_proxy_async();
     __syncthreads();
@@ -328,44 +407,8 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
     }
     if (wg_on) {
       const uint8_t* st = smem + (it % S) * C::kStageBytes;
-      const uint32_t abase = smem_u32(st);
-      // Activation operand of k step kk (32 bytes per step): atom kk / 4, byte offset 32 · (kk % 4)
-      // inside the swizzled row; the lo part (SPLIT) kATile further.
-      auto bdesc = [&](int kk) { return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32); };
-      if constexpr (C::kSS) {
-        // Weight rows 64·mt.. of this warpgroup's swizzled tile.
-        const uint32_t wbase = abase + C::kAStage + wg * C::kW1;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < F::kSteps; ++kk) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
-            wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk));
-            if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
-          }
-        }
-        wg_commit();
-      } else {
-        F src;
-        src.load(st + C::kAStage + wg * C::kW1, st + C::kAStage + C::kWG * C::kW1 + wg * C::kS1, warp, lane);
-#pragma unroll
-        for (int kk = 0; kk < F::kSteps; ++kk) {
-          if (kk > 0) wg_wait<kInFlight>();  // the group that last read af[kk % kDepth] is done
-          uint32_t (&f)[2][4] = af[kk % kDepth];
-          src.get(kk, f);
-          wg_fence();
-          const uint64_t desc = bdesc(kk);
-          wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
-          wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
-          if constexpr (SPLIT) {
-            const uint64_t dlo = desc + (C::kATile >> 4);
-            wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
-            wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
-          }
-          wg_commit();
-        }
-      }
+      if constexpr (C::kSS) wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), wg);
+      else wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, wg, warp, lane);
     }
   }
   wg_wait<0>();
@@ -376,6 +419,173 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
     if constexpr (C::kSS) store_partials<NT, 64>(a, acc, e, split, n0 + warp * 16, lane, cnt, s_slot, s_arow);
     else store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
   }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+// Ties the accumulators to this point of the program (an empty asm that "writes" them), so that no
+// use of them is scheduled above it — the wait for the last wgmma group. Without it the compiler
+// hoisted the INT8 epilogue's int → float conversions above wgmma.wait_group, and ptxas then
+// serialised every wgmma of the kernel (C7514).
+template <class Acc, int N>
+__device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<Acc, int>) asm volatile("" : "+r"(acc[i])::"memory");
+    else asm volatile("" : "+f"(acc[i])::"memory");
+  }
+}
+
+// ---- FP8 W8A8 on the e4m3 tensor cores (CudaOptions::fp8_mma, AFmt::E4m3) -------------------------
+// A CTA is one 128-row FP8 weight tile (the fragment layout of the mma.sync kernel, cuda_common.h)
+// and BT = 64 or 128 tokens, two warpgroups: warpgroup g takes m-fragment g of every warp's 32 rows
+// (tile rows 32·warp + 16·g + 0..15), so each holds one m64 × BT accumulator. Per 128-K stage a
+// warp reads its 4 fragment chunks (one 16-byte load per k32 step: the two words of k16 steps 2s
+// and 2s + 1), builds the e4m3 A registers of wgmma m64nBTk32 with two byte permutes per register
+// pair (the activation rows are stored in the matching order, e4m3_act_pos), and issues the 4 k32
+// wgmmas into a stage accumulator (the first with scale-d = 0). Hopper's fp8 MMA adds products
+// with ~13 fraction bits, so each stage's sum is waited for and added into the fp32 accumulator
+// (DeepGEMM's promotion; the per-row / per-token scales come in the epilogue as for every format).
+// Copies as gemm_wg_kernel (cp.async, S stages, prefetch distance S − 1: every stage's wgmmas are
+// complete before the CTA barrier of the next).
+template <int BT_, int NW_ = 1>
+struct WgF8Cfg {
+  using WT = WTraits<WFmt::FP8>;
+  static constexpr int BT = BT_;
+  static constexpr int NW = NW_;  // 128-row weight tiles per CTA (the warp-specialised form: 1 or 2)
+  static_assert(BT == 64 || BT == 128, "e4m3 wgmma token tiles");
+  static_assert(NW == 1 || NW == 2, "weight tiles per CTA");
+  static constexpr bool kSS = false;
+  static constexpr int kARaw = 128;  // activation bytes per row per stage: 128 e4m3 codes, one swizzle row
+  static constexpr int kATile = BT * 128;
+  static constexpr int kW = kBW * WT::kStride;  // one 128-row weight tile of a stage (16 KB)
+  static constexpr int kStageBytes = (kATile + NW * kW + 1023) / 1024 * 1024;
+  static constexpr int kStagesFit = 220 * 1024 / kStageBytes;
+  static constexpr int kStages = kStagesFit > 6 ? 6 : kStagesFit;
+  static constexpr int kThreads = 256;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment of the base to 1024
+  static_assert(kStages >= 3, "pipeline depth");
+};
+
+// D[64 × N] (+)= A[64 × 32] (e4m3, registers) · B[32 × N] (e4m3, shared memory), fp32 out;
+// scale_d = 0: D = A·B.
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3_rs(float* d, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  static_assert(N == 64 || N == 128, "e4m3 wgmma token tiles");
+#if QMOE_WGMMA_DEVICE
+  if constexpr (N == 64)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " QMOE_WG_DREGS32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+                 : QMOE_WG_ACC32("+f", 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " QMOE_WG_DREGS64
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : QMOE_WG_ACC64("+f", 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+#else
+  (void)d, (void)a, (void)desc, (void)scale_d;
+#endif
+}
+
+template <int BT_>
+__global__ void __launch_bounds__(256, 1) gemm_wg_f8_kernel(const GemmArgs a) {
+#if QMOE_WGMMA_DEVICE
+  using C = WgF8Cfg<BT_>;
+  constexpr int BT = C::BT, NT = BT / 8, S = C::kStages, D = S - 1;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  __shared__ int s_arow[BT];
+  __shared__ int s_slot[BT];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+
+  int tile, ty;
+  wg_cta_tile(tile, ty);
+  if (a.tiles_after_wait) pdl_wait();  // align ran in the kernel just before (gemm_kernel)
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid & 127) >> 5, lane = tid & 31;
+  int e, cnt;
+  wg_tile_tokens<BT, 256>(a, tile, tid, e, cnt, s_slot, s_arow);
+  const int n0 = ty * kBW;
+  const int split = blockIdx.z;
+  const int kt0 = split * a.kt_per_split;
+  const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
+  const int nk = kt1 - kt0;
+
+  // The stage's weight tile (16 KB, as stored) by all 256 threads, 4 chunks each.
+  const uint8_t* wsrc = a.w + e * a.w_expert_stride + static_cast<int64_t>(ty) * a.Kt * C::kW + tid * 16;
+  auto load_w = [&](int buf, int kt) {
+    uint8_t* st = smem + buf * C::kStageBytes + C::kATile + tid * 16;
+    const uint8_t* src = wsrc + static_cast<int64_t>(kt) * C::kW;
+#pragma unroll
+    for (int i = 0; i < C::kW / (256 * 16); ++i) cp_async16(st + i * 4096, src + i * 4096);
+  };
+  auto load_a = [&](int buf, int kt) {
+    wg_copy_acts<C, false, 256, 0>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, tid, s_arow);
+  };
+
+#pragma unroll
+  for (int s = 0; s < D; ++s)
+    if (s < nk) load_w(s, kt0 + s);
+  cp_async_commit();
+  pdl_wait();
+  pdl_trigger();
+  __syncthreads();  // s_slot / s_arow
+#pragma unroll
+  for (int s = 0; s < D; ++s) {
+    if (s < nk) load_a(s, kt0 + s);
+    cp_async_commit();
+  }
+
+  float acc[1][NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[0][j][k] = 0.0f;
+  float part[NT * 4];  // one stage's sum
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<D - 1>();  // this thread's copies of stage it have landed
+    fence_proxy_async();
+    __syncthreads();  // everyone's copies of stage it; everyone done with stage it − 1's buffer
+    {
+      const int nx = it + D;
+      if (nx < nk) {
+        load_w(nx % S, kt0 + nx);
+        load_a(nx % S, kt0 + nx);
+      }
+      cp_async_commit();
+    }
+    const uint8_t* st = smem + (it % S) * C::kStageBytes;
+    // Fragment chunk q = 4·wg + s of this warp's 4 KB block: words (k16 step 2s, p = 0, 1),
+    // (k16 step 2s + 1, p = 0, 1); low / high halves are rows r0 / r0 + 8.
+    const uint8_t* wf = st + C::kATile + warp * 4096 + wg * 4 * 512 + lane * 16;
+    uint32_t af[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint4 v = *reinterpret_cast<const uint4*>(wf + s * 512);
+      af[s][0] = __byte_perm(v.x, v.y, 0x5410);
+      af[s][1] = __byte_perm(v.x, v.y, 0x7632);
+      af[s][2] = __byte_perm(v.z, v.w, 0x5410);
+      af[s][3] = __byte_perm(v.z, v.w, 0x7632);
+    }
+    const uint32_t abase = smem_u32(st);
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_e4m3_rs<BT>(part, af[s], wg_act_desc<BT>(abase, s), s);
+    wg_commit();
+    wg_wait<0>();
+    fence_acc(part);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[0][j][k] += part[j * 4 + k];
+  }
+  cp_async_wait<0>();
+  store_partials<NT>(a, acc, e, split, n0 + warp * 32 + wg * 16, lane, cnt, s_slot, s_arow);
 #else
   (void)a;
   __trap();
@@ -425,18 +635,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Ties the accumulators to this point of the program (an empty asm that "writes" them), so that no
-// use of them is scheduled above it — the wait for the last wgmma group. Without it the compiler
-// hoisted the INT8 epilogue's int → float conversions above wgmma.wait_group, and ptxas then
-// serialised every wgmma of the kernel (C7514).
-template <class Acc, int N>
-__device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if constexpr (std::is_same_v<Acc, int>) asm volatile("" : "+r"(acc[i])::"memory");
-    else asm volatile("" : "+f"(acc[i])::"memory");
-  }
-}
 
 // Where it can run: 128-token tiles with two weight tiles per CTA, every format (ws_built); where it
 // does by default: bf16 weights against fp32-accurate activations (kSS, both operands from shared
@@ -471,24 +669,13 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   __shared__ uint64_t full_bar[S], empty_bar[S];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
 
-  // Strip rasterisation as gemm_wg_kernel.
-  const int lin = blockIdx.x + gridDim.x * blockIdx.y;
-  const int strip = lin / (kStrip * gridDim.y);
-  const int width = min(kStrip, static_cast<int>(gridDim.x) - strip * kStrip);
-  const int rem = lin - strip * kStrip * gridDim.y;
-  const int tile = strip * kStrip + rem % width;
-  const int ty = rem / width;
+  int tile, ty;
+  wg_cta_tile(tile, ty);
   if (a.tiles_after_wait) pdl_wait();
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-  const int e = __ldcg(a.tile_expert + tile), m0 = __ldcg(a.tile_m0 + tile);
-  const int cnt = min(BT, __ldcg(a.counts + e) - m0);
-  const int base = __ldcg(a.offsets + e) + m0;
-  for (int i = tid; i < BT; i += 384) {
-    const int slot = i < cnt ? __ldcg(a.sorted_slots + base + i) : -1;
-    s_slot[i] = slot;
-    s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
-  }
+  int e, cnt;
+  wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full_bar[s], 128);  // the producer's threads (cp.async arrivals)
@@ -504,27 +691,16 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   if (wgi == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWsProducerRegs>();
-    constexpr int kWChunksRow = WT::kRaw / 16;
-    constexpr int kWPer = kBW * kWChunksRow / 128;
-    constexpr int kAChunksRow = C::kARaw / 16;
-    constexpr int kAPer = BT * kAChunksRow / 128;
-    static_assert(BT * kAChunksRow % 128 == 0, "activation chunks per thread");
-    const uint8_t* abase_hi = static_cast<const uint8_t*>(a.a_hi);
-    const uint8_t* abase_lo = static_cast<const uint8_t*>(a.a_lo);
     auto load_w = [&](int buf, int kt) {
 #pragma unroll
       for (int cw = 0; cw < C::kWG; ++cw) {
         const int wtile = ty * C::kWG + cw;
         if (wtile >= a.Npad / kBW) continue;
         uint8_t* st = smem + buf * C::kStageBytes + C::kAStage + cw * C::kW1;
-        const uint8_t* wk = a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) +
-                            static_cast<int64_t>(kt) * (kBW * WT::kRaw) + wtid * 16;
-#pragma unroll
-        for (int i = 0; i < kWPer; ++i) {
-          const int c = wtid + i * 128;
-          const int r = c / kWChunksRow, q = c % kWChunksRow;
-          cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
-        }
+        wg_copy_weights<C>(st,
+                           a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) +
+                               static_cast<int64_t>(kt) * (kBW * WT::kRaw) + wtid * 16,
+                           wtid);
         if constexpr (WT::kScale > 0) {
           uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + cw * C::kS1;
           const uint8_t* src = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile * kBW) * WT::kScale +
@@ -534,18 +710,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
       }
     };
     auto load_a = [&](int buf, int kt) {
-      uint8_t* adst = smem + buf * C::kStageBytes;
-      const int64_t koff = static_cast<int64_t>(kt) * C::kARaw;
-#pragma unroll 4
-      for (int i = 0; i < kAPer; ++i) {
-        const int c = wtid + i * 128;
-        const int r = c / kAChunksRow, q = c % kAChunksRow;
-        const int arow = s_arow[r];
-        const int64_t src = static_cast<int64_t>(arow < 0 ? 0 : arow) * a.a_row_bytes + koff + q * 16;
-        const int dst = (q >> 3) * (BT * 128) + sw128_offset(r, q);
-        cp_async16_zfill(adst + dst, abase_hi + src, arow >= 0);
-        if constexpr (SPLIT) cp_async16_zfill(adst + C::kATile + dst, abase_lo + src, arow >= 0);
-      }
+      wg_copy_acts<C, SPLIT, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
     };
     // Weights of the first stages before the wait for the activations' producer (launch.cuh).
     for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);
@@ -572,17 +737,9 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
     const int n0 = wtile * kBW;
     using Acc = typename std::conditional<C::kInt8, int, float>::type;
     Acc acc[2][NT][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[i][j][k] = 0;
-    constexpr int kDepth = C::kSS ? 1 : SPLIT ? 2 : 4;
-    constexpr int kInFlight = C::kSS ? 1 : kDepth - 1;
-    static_assert(F::kSteps % kDepth == 0, "A-register rotation");
-    static_assert(C::kSS || kInFlight < F::kSteps, "a stage's issued groups leave no earlier stage's in flight");
-    uint32_t af[kDepth][2][4];
+    zero_acc(acc);
+    static_assert(C::kSS || C::kInFlight < F::kSteps, "a stage's issued groups leave no earlier stage's in flight");
+    uint32_t af[C::kDepth][2][4];
     (void)af;
     auto release = [&](int s) { mbar_arrive(&empty_bar[s]); };
     if (!wg_on) {  // no weight tile for this warpgroup (odd tile count): release every stage
@@ -601,41 +758,11 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
       mbar_wait(&full_bar[s], (it / S) & 1);
       fence_proxy_async();  // the cp.async writes, made visible by the barrier, before wgmma's reads
       const uint8_t* st = smem + s * C::kStageBytes;
-      const uint32_t abase = smem_u32(st);
-      auto bdesc = [&](int kk) { return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32); };
       if constexpr (C::kSS) {
-        const uint32_t wbase = abase + C::kAStage + cw * C::kW1;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < F::kSteps; ++kk) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
-            wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk));
-            if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, bdesc(kk) + (C::kATile >> 4));
-          }
-        }
-        wg_commit();
+        wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), cw);
       } else {
-        wg_wait<kInFlight>();  // the group that last read af[0] is done
-        F src;
-        src.load(st + C::kAStage + cw * C::kW1, st + C::kAStage + C::kWG * C::kW1 + cw * C::kS1, warp, lane);
-#pragma unroll
-        for (int kk = 0; kk < F::kSteps; ++kk) {
-          if (kk > 0) wg_wait<kInFlight>();
-          uint32_t (&f)[2][4] = af[kk % kDepth];
-          src.get(kk, f);
-          wg_fence();
-          const uint64_t desc = bdesc(kk);
-          wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
-          wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
-          if constexpr (SPLIT) {
-            const uint64_t dlo = desc + (C::kATile >> 4);
-            wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
-            wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
-          }
-          wg_commit();
-        }
+        wg_wait<C::kInFlight>();  // the group that last read af[0] is done
+        wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, cw, warp, lane);
         // At most kInFlight + 1 groups are left, all of this stage: the previous one is free.
         if (it > 0) release(prev);
       }
@@ -651,6 +778,159 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   (void)a;
   __trap();
 #endif
+}
+
+// The e4m3 kernel in the warp-specialised form of gemm_ws_kernel: warpgroup 0 copies (cp.async into
+// the S-stage ring, `full` / `empty` mbarriers), warpgroups 1 and 2 multiply with no CTA barrier, so
+// one warpgroup's waits and promotions overlap the other's MMAs. NW = 1: the CTA is one 128-row
+// weight tile and consumer c takes its m-fragment c (as gemm_wg_f8_kernel); NW = 2: the CTA is two
+// weight tiles against one activation tile (a third less copied per MMA) and consumer c takes all
+// of tile c, one m-fragment after the other (its stage sum is one m64 accumulator: the registers
+// hold two fp32 accumulators and one stage sum).
+template <int BT_, int NW>
+__global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
+#if QMOE_WGMMA_DEVICE
+  using C = WgF8Cfg<BT_, NW>;
+  constexpr int BT = C::BT, NT = BT / 8, S = C::kStages;
+  constexpr int MF = NW;  // m-fragments per consumer warpgroup
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  __shared__ int s_arow[BT];
+  __shared__ int s_slot[BT];
+  __shared__ uint64_t full_bar[S], empty_bar[S];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+
+  int tile, ty;
+  wg_cta_tile(tile, ty);
+  if (a.tiles_after_wait) pdl_wait();
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  int e, cnt;
+  wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full_bar[s], 128);   // the producer's threads (cp.async arrivals)
+      mbar_init(&empty_bar[s], 256);  // the consumer threads
+    }
+  }
+  const int ntiles = a.Npad / kBW;
+  const int split = blockIdx.z;
+  const int kt0 = split * a.kt_per_split;
+  const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
+  const int nk = kt1 - kt0;
+  __syncthreads();  // s_slot / s_arow, barriers initialised
+
+  if (wgi == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kWsProducerRegs>();
+    auto load_w = [&](int buf, int kt) {
+#pragma unroll
+      for (int cw = 0; cw < NW; ++cw) {
+        const int wtile = ty * NW + cw;
+        if (wtile >= ntiles) continue;
+        uint8_t* st = smem + buf * C::kStageBytes + C::kATile + cw * C::kW + wtid * 16;
+        const uint8_t* src = a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * C::kW + wtid * 16;
+#pragma unroll
+        for (int i = 0; i < C::kW / (128 * 16); ++i) cp_async16(st + i * 2048, src + i * 2048);
+      }
+    };
+    auto load_a = [&](int buf, int kt) {
+      wg_copy_acts<C, false, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
+    };
+    for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);  // before the wait for the activations
+    pdl_wait();
+    pdl_trigger();
+    for (int it = 0; it < nk; ++it) {
+      const int s = it % S;
+      if (it >= S) {
+        mbar_wait(&empty_bar[s], ((it / S) - 1) & 1);  // the consumers are done with its last use
+        load_w(s, kt0 + it);
+      }
+      load_a(s, kt0 + it);
+      cp_async_mbar_arrive(&full_bar[s]);
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<kWsConsumerRegs>();
+    pdl_wait();
+    pdl_trigger();
+    const int cw = wgi - 1;
+    // NW = 1: tile ty, m-fragment cw; NW = 2: tile 2·ty + cw, m-fragments 0 and 1.
+    const int wtile = NW == 1 ? ty : ty * NW + cw;
+    const bool on = wtile < ntiles;
+    float acc[MF][NT][4];
+#pragma unroll
+    for (int m = 0; m < MF; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[m][j][k] = 0.0f;
+    float part[NT * 4];
+    for (int it = 0; it < nk; ++it) {
+      const int s = it % S;
+      mbar_wait(&full_bar[s], (it / S) & 1);
+      fence_proxy_async();  // the cp.async writes, made visible by the barrier, before wgmma's reads
+      const uint8_t* st = smem + s * C::kStageBytes;
+      const uint32_t abase = smem_u32(st);
+#pragma unroll
+      for (int m = 0; m < MF; ++m) {
+        if (!on) break;
+        const int mt = NW == 1 ? cw : m;
+        const uint8_t* wf = st + C::kATile + (NW == 1 ? 0 : cw) * C::kW + warp * 4096 + mt * 4 * 512 + lane * 16;
+        uint32_t af[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint4 v = *reinterpret_cast<const uint4*>(wf + k * 512);
+          af[k][0] = __byte_perm(v.x, v.y, 0x5410);
+          af[k][1] = __byte_perm(v.x, v.y, 0x7632);
+          af[k][2] = __byte_perm(v.z, v.w, 0x5410);
+          af[k][3] = __byte_perm(v.z, v.w, 0x7632);
+        }
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wgmma_e4m3_rs<BT>(part, af[k], wg_act_desc<BT>(abase, k), k);
+        wg_commit();
+        wg_wait<0>();
+        fence_acc(part);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[m][j][k] += part[j * 4 + k];
+      }
+      mbar_arrive(&empty_bar[s]);
+    }
+    if (on) {
+      if constexpr (NW == 1) store_partials<NT>(a, acc, e, split, ty * kBW + warp * 32 + cw * 16, lane, cnt, s_slot, s_arow);
+      else store_partials<NT>(a, acc, e, split, wtile * kBW + warp * 32, lane, cnt, s_slot, s_arow);
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+// ws: 0 = gemm_wg_f8_kernel, 1 / 2 = gemm_ws_f8_kernel with that many weight tiles per CTA.
+template <int BT>
+void launch_gemm_f8(const GemmArgs& a, dim3 grid, cudaStream_t s, int ws) {
+  auto configure = [](auto kernel, int smem) {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  };
+  if (ws == 0) {
+    static const bool c0 = configure(gemm_wg_f8_kernel<BT>, WgF8Cfg<BT>::kSmem);
+    (void)c0;
+    launch_pdl(gemm_wg_f8_kernel<BT>, grid, 256, WgF8Cfg<BT>::kSmem, s, a);
+  } else if (ws == 1) {
+    static const bool c1 = configure(gemm_ws_f8_kernel<BT, 1>, WgF8Cfg<BT, 1>::kSmem);
+    (void)c1;
+    launch_pdl(gemm_ws_f8_kernel<BT, 1>, grid, 384, WgF8Cfg<BT, 1>::kSmem, s, a);
+  } else {
+    static const bool c2 = configure(gemm_ws_f8_kernel<BT, 2>, WgF8Cfg<BT, 2>::kSmem);
+    (void)c2;
+    grid.y = (grid.y + 1) / 2;
+    launch_pdl(gemm_ws_f8_kernel<BT, 2>, grid, 384, WgF8Cfg<BT, 2>::kSmem, s, a);
+  }
 }
 
 template <WFmt WF, bool SPLIT, int BT>

@@ -528,7 +528,11 @@ __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1
       case ActQuant::Fp8Static: {
         const float inv = 1.0f / q.static_scale;
         if (!on) break;
-        if (q.f16) {
+        if (q.e4m3) {
+          uint8_t* c8 = static_cast<uint8_t*>(o.a_hi) + orow;
+#pragma unroll
+          for (int c = 0; c < V; ++c) c8[e4m3_act_pos(f + c)] = e4m3_code(qdq_fp8_act(z[c], inv));
+        } else if (q.f16) {
           __half h[V];
 #pragma unroll
           for (int c = 0; c < V; ++c) h[c] = __float2half_rn(qdq_fp8_act(z[c], inv));

@@ -66,6 +66,25 @@ QMOE_HD float qdq_fp8_act(float x, float inv_scale) {
   return minifloat_qdq<QdqFp8E4M3>(fminf(fmaxf(x * inv_scale, -kFp8E4M3Max), kFp8E4M3Max));
 }
 
+// Where element k of a row goes in an AFmt::E4m3 row: within each 16-element chunk, element
+// 2c + i (i = 0, 1) to 4c + i and element 8 + 2c + i to 4c + 2 + i. A k32 step of the e4m3 wgmma
+// then meets, in logical slots 4c..4c+3, the row's elements 2c, 2c + 1, 2c + 8, 2c + 9 of each
+// 16 — exactly the bytes that the FP8 fragment layout (cuda_common.h) holds in one lane's two words of a
+// k16 step, so the kernel builds its A registers with two byte permutes and no decode.
+QMOE_HD constexpr int e4m3_act_pos(int k) {
+  return (k & ~15) | ((k & 7) >> 1) * 4 | ((k >> 3) & 1) * 2 | (k & 1);
+}
+
+// The E4M3FN code of a value E4M3 holds exactly (a qdq_fp8_act result), by bit operations: the
+// code fp8_quantize_act gives for the same input (±0 as +0, like fp8_e4m3_encode).
+QMOE_HD uint8_t e4m3_code(float y) {
+  const uint32_t b = f32_to_bits(y);
+  const float a = fabsf(y);
+  const uint32_t mag = a < 0x1p-6f ? static_cast<uint32_t>(a * 0x1p9f)  // subnormal: m · 2^−9, m < 8
+                                   : ((((b >> 23) & 0xFFu) - 120u) << 3) | ((b >> 20) & 7u);
+  return static_cast<uint8_t>(mag == 0 ? 0u : (((b >> 24) & 0x80u) | mag));
+}
+
 // One element of an MX block with shared exponent `shared` ∈ [−127, 127]: the value formats.h's
 // mx_qdq_block gives, ldexpf(decode(encode(ldexpf(x, −shared))), shared).
 template <class F>

@@ -120,7 +120,10 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         s = fp8_tensor_scale(__uint_as_float(*q.tensor_amax));
       }
       const float inv = 1.0f / s;
-      if (q.f16) {
+      if (q.e4m3) {
+        uint8_t* c8 = static_cast<uint8_t*>(o.a_hi) + at;  // col0 is a multiple of 16: whole chunks
+        for (int i = tid; i < n; i += blockDim.x) c8[e4m3_act_pos(i)] = e4m3_code(qdq_fp8_act(v[i], inv));
+      } else if (q.f16) {
         __half* h16 = static_cast<__half*>(o.a_hi) + at;
         for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq_fp8_act(v[i], inv));
       } else {

@@ -90,6 +90,10 @@ TEST(BenchOptions, SchemeEntriesWithSuffixes) {
   EXPECT_TRUE(n.x_bf16);
   EXPECT_TRUE(n.no_wgmma);
   EXPECT_EQ(n.ksplit, 0);
+  EXPECT_FALSE(n.fp8_mma);
+  const SchemeEntry f = parse_scheme_entry("w_fp8_channel_a_fp8_dyn_token+f8mma");
+  EXPECT_TRUE(f.fp8_mma);
+  EXPECT_EQ(f.label, "w_fp8_channel_a_fp8_dyn_token+f8mma");
   EXPECT_EQ(parse_scheme_entry("nvfp4+ks3").ksplit, 3);
   EXPECT_EQ(parse_scheme_entry("nvfp4+ks16+tile8").ksplit, 16);
   EXPECT_THROW(parse_scheme_entry("nvfp4+ks0"), Error);

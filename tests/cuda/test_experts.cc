@@ -13,12 +13,14 @@
 //    split alone gives up to ~1.2e-5 on a row), the whole output within kExact unless rows flipped,
 //    and a systematic error fails every row.
 //  * kBf16 = 1e-2: CudaOptions::bf16_activations (activations and intermediate rounded to bf16
-//    once, rel. error 2^-9 per element — vLLM's precision).
+//    once, rel. error 2^-9 per element — vLLM's precision) and CudaOptions::fp8_mma (fp8 MMA sums
+//    with ~13 fraction bits, so FP8 requantization of the intermediate flips some grid points).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -179,6 +181,50 @@ TEST(CudaExperts, Bf16ActivationsMode) {
     const Result r = run_problem(s, pb, o);
     EXPECT_LE(r.rel, kBf16) << n;
     EXPECT_GT(r.rel, 1e-5) << n << ": bf16 mode should differ from the exact path by bf16 rounding";
+  }
+}
+
+// ---- FP8 W8A8 on the e4m3 tensor cores (CudaOptions::fp8_mma) ------------------------------------
+// Token tiles of 64 / 128 (forced and chosen), K splits, ragged and empty experts, an odd number of
+// weight tiles (N = 640, 576) and K padded to the stage (H = 576, I = 320). The products are exact
+// but the fp8 MMA adds them with ~13 fraction bits, and an intermediate element that lands on the
+// other side of an FP8 rounding boundary moves by a grid step: vLLM's precision class, held to
+// kBf16. The output must differ from the fp32-accurate path (else the e4m3 kernel did not run)
+// and repeat bit for bit.
+TEST(CudaExperts, Fp8TensorCoreMode) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& s : all_schemes()) {
+    if (s.weight != WeightFormat::Fp8E4M3) continue;
+    struct Case {
+      int T, tile, ks;
+      std::vector<int> allowed;
+    };
+    std::vector<Case> cases = {{300, 64, 0, {}}, {300, 128, 0, {}}, {300, 128, 3, {}},
+                               {600, 0, 0, {}},  {300, 0, 0, {0, 2}}, {257, 0, 0, {3}}};
+    if (small()) cases = {{140, 64, 3, {}}, {140, 128, 0, {1, 2}}};  // under compute-sanitizer
+    for (const Case& c : cases) {
+      Problem pb;
+      pb.T = c.T;
+      pb.E = 4;
+      pb.H = 576;
+      pb.I = 320;
+      pb.allowed = c.allowed;
+      if (c.allowed.size() == 1) pb.K = 1;  // every token on one expert
+      CudaOptions o;
+      o.token_tile = c.tile;
+      o.ksplit = c.ks;
+      const Result exact = run_problem(s, pb, o);
+      o.fp8_mma = true;
+      const Result r = run_problem(s, pb, o), again = run_problem(s, pb, o);
+      const std::string what = std::string(s.name) + " T=" + std::to_string(c.T) + " tile " + std::to_string(c.tile) +
+                               " ks " + std::to_string(c.ks) + " experts " + std::to_string(c.allowed.size());
+      std::printf("[ fp8_mma  ] %s: rel-L2 %.3e (fp32-accurate path %.3e)\n", what.c_str(), r.rel, exact.rel);
+      EXPECT_LE(r.rel, kBf16) << what;
+      EXPECT_TRUE(std::isfinite(r.rel)) << what;
+      EXPECT_NE(0, std::memcmp(r.gpu.data(), exact.gpu.data(), r.gpu.size() * sizeof(float)))
+          << what << ": identical to the fp32-accurate path — the e4m3 kernel did not run";
+      EXPECT_EQ(0, std::memcmp(r.gpu.data(), again.gpu.data(), r.gpu.size() * sizeof(float))) << what << ": rerun";
+    }
   }
 }
 

@@ -74,6 +74,35 @@ TEST(CudaQdqFast, Fp8ActivationMatchesQuantizeAct) {
   }
 }
 
+// The e4m3 activation codes of the fp8 tensor-core path (AFmt::E4m3): every code's value back to
+// the code, and the whole activation path byte for byte against fp8_quantize_act.
+TEST(CudaQdqFast, E4m3CodeInvertsDecodeAndMatchesQuantizeAct) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // NaN: never a qdq_fp8_act result
+    const int want = c == 0x80 ? 0 : c;  // −0 is encoded as +0
+    ASSERT_EQ(e4m3_code(fp8_e4m3_decode(static_cast<uint8_t>(c))), want) << "code " << c;
+  }
+  for (float inv : {1.0f, 0.37f, 1.0f / 448.0f, 3.0e4f})
+    for (float y : probe_values(17))
+      ASSERT_EQ(e4m3_code(qdq_fp8_act(y, inv)), fp8_quantize_act(y, inv)) << "y = " << y << " inv " << inv;
+}
+
+// The row order of AFmt::E4m3 is a permutation of each 16-element chunk.
+TEST(CudaQdqFast, E4m3ActPositionsPermuteEachChunk) {
+  for (int base : {0, 16, 4096}) {
+    std::vector<int> seen(16, 0);
+    for (int k = 0; k < 16; ++k) {
+      const int p = e4m3_act_pos(base + k);
+      ASSERT_EQ(p & ~15, base);
+      ++seen[p & 15];
+    }
+    for (int n : seen) EXPECT_EQ(n, 1);
+  }
+  EXPECT_EQ(e4m3_act_pos(2), 4);   // element 2c (c = 1) to slot 4c
+  EXPECT_EQ(e4m3_act_pos(9), 3);   // element 8 + 2c + 1 (c = 0) to slot 4c + 3
+  EXPECT_EQ(e4m3_act_pos(15), 15);
+}
+
 TEST(CudaQdqFast, Exp2iIsExact) {
   for (int n = -149; n <= 127; ++n) ASSERT_EQ(exp2i(n), std::ldexp(1.0f, n)) << n;
 }

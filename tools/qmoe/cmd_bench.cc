@@ -30,7 +30,7 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--scheme,--schemes", opt->schemes,
                   "Schemes, comma separated (names or aliases of `qmoe schemes`; all: every scheme). CUDA variants: "
-                  "+bf16act, +xbf16, +route, +nowg, +tileN, +ksN suffixes")
+                  "+bf16act, +xbf16, +route, +nowg, +f8mma, +tileN, +ksN suffixes")
       ->capture_default_str();
   sub->add_option("--tokens", opt->tokens, "Token counts, comma separated")->capture_default_str();
   sub->add_option("--threads", opt->threads, "CPU threads (0: all cores)")->capture_default_str();

@@ -447,6 +447,7 @@ Report run_cuda(const Plan& plan) {
       opt.token_tile = entry.token_tile ? entry.token_tile : o.token_tile;
       opt.ksplit = entry.ksplit;
       if (entry.no_wgmma) opt.wgmma = false;
+      opt.fp8_mma = entry.fp8_mma;
       ActivationSpec act;  // SiLU, no biases (as the vLLM anchors were measured)
       qmoe::cuda::CudaExperts probe = qmoe::cuda::CudaExperts::random(sc, 1, sh.H, sh.I, act, 1, opt);
       const double eb = probe.expert_bytes();
