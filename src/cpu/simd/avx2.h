@@ -287,17 +287,33 @@ struct Avx2 {
   }
   static D dcopysign(D a, D s) { return _mm256_or_pd(a, _mm256_and_pd(s, _mm256_set1_pd(-0.0))); }
   static void load_gate_up(bool interleaved, const float* y1, int inter, int j, int n, D& g, D& u) {
-    alignas(16) float gf[4] = {}, uf[4] = {};
-    for (int i = 0; i < n; ++i) {
-      gf[i] = interleaved ? y1[2 * (j + i)] : y1[j + i];
-      uf[i] = interleaved ? y1[2 * (j + i) + 1] : y1[inter + j + i];
+    __m128 gf, uf;
+    if (n == kDLanes) {  // whole lanes straight from the row (no stack round trip)
+      if (interleaved) {
+        const __m128 a = _mm_loadu_ps(y1 + 2 * j), b = _mm_loadu_ps(y1 + 2 * j + 4);
+        gf = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        uf = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+      } else {
+        gf = _mm_loadu_ps(y1 + j);
+        uf = _mm_loadu_ps(y1 + inter + j);
+      }
+    } else {
+      alignas(16) float gb[4] = {}, ub[4] = {};
+      for (int i = 0; i < n; ++i) {
+        gb[i] = interleaved ? y1[2 * (j + i)] : y1[j + i];
+        ub[i] = interleaved ? y1[2 * (j + i) + 1] : y1[inter + j + i];
+      }
+      gf = _mm_load_ps(gb);
+      uf = _mm_load_ps(ub);
     }
-    g = _mm256_cvtps_pd(_mm_load_ps(gf));
-    u = _mm256_cvtps_pd(_mm_load_ps(uf));
+    g = _mm256_cvtps_pd(gf);
+    u = _mm256_cvtps_pd(uf);
   }
   static void store_d(float* z, int n, D r) {
+    const __m128 v = _mm256_cvtpd_ps(r);
+    if (n == kDLanes) return _mm_storeu_ps(z, v);
     alignas(16) float out[4];
-    _mm_store_ps(out, _mm256_cvtpd_ps(r));
+    _mm_store_ps(out, v);
     for (int i = 0; i < n; ++i) z[i] = out[i];
   }
 

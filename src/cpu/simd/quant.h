@@ -351,7 +351,19 @@ inline typename T::D act_lanes(const ActParams& a, typename T::D g, typename T::
 template <class T>
 void activation_row(const ActParams& act, const float* y1, int inter, float* z) {
   if (act.kind == Activation::Gelu) return activation_row_scalar(act, y1, inter, z);  // erf
-  for (int j = 0; j < inter; j += T::kDLanes) {
+  using D = typename T::D;
+  constexpr int L = T::kDLanes;
+  // kU vectors per pass: each exp is a 13-step Horner chain (latency-bound), so independent
+  // chains side by side keep the FMA pipes busy.
+  constexpr int kU = 4;
+  int j0 = 0;
+  for (; j0 + kU * L <= inter; j0 += kU * L) {
+    D g[kU], u[kU], r[kU];
+    for (int v = 0; v < kU; ++v) T::load_gate_up(act.interleaved, y1, inter, j0 + v * L, L, g[v], u[v]);
+    for (int v = 0; v < kU; ++v) r[v] = act_lanes<T>(act, g[v], u[v]);
+    for (int v = 0; v < kU; ++v) T::store_d(z + j0 + v * L, L, r[v]);
+  }
+  for (int j = j0; j < inter; j += T::kDLanes) {
     const int n = inter - j < T::kDLanes ? inter - j : T::kDLanes;
     typename T::D g, u;
     T::load_gate_up(act.interleaved, y1, inter, j, n, g, u);
