@@ -119,6 +119,7 @@ struct GemmArgs {
   // The tile lists come from the kernel just before this one (launch_prep), not from two places
   // before: read them only after pdl_wait (launch.cuh).
   bool tiles_after_wait = false;
+  int f8_kernel = 0;  // AFmt::E4m3: CudaOptions::fp8_kernel, resolved (0, 1, 2)
 };
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -118,6 +119,7 @@ struct CudaExperts::Impl {
   // more quantize into a1_e8 / a2_e8 (e4m3 codes, rows of Kpad bytes, AFmt::E4m3). Their own
   // buffers, zeroed once: the K padding of every row stays zero (no fp16 row ever lands there).
   bool fp8_mma = false;
+  int f8_kernel = 0;  // CudaOptions::fp8_kernel resolved (GemmArgs::f8_kernel)
   DevBuf a1_e8, a2_e8;
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
   // Host-call staging.
@@ -438,6 +440,17 @@ static void check_row_sizes(const CudaExperts::Impl& m) {
                 std::to_string(m.smem_optin) + " bytes per block (H, I ≤ " + std::to_string(m.smem_optin / 4) + ")");
 }
 
+// CudaOptions::fp8_kernel: -1 reads env QMOE_CUDA_F8 (wg | ws1 | ws2; unset: wg).
+static int resolve_fp8_kernel(int k) {
+  if (k < -1 || k > 2) throw Error("CUDA experts: fp8_kernel must be -1, 0, 1 or 2, got " + std::to_string(k));
+  if (k >= 0) return k;
+  const char* v = std::getenv("QMOE_CUDA_F8");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "wg") == 0) return 0;
+  if (std::strcmp(v, "ws1") == 0) return 1;
+  if (std::strcmp(v, "ws2") == 0) return 2;
+  throw Error(std::string("QMOE_CUDA_F8='") + v + "': expected wg, ws1 or ws2");
+}
+
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
   QMOE_CUDA_CHECK(cudaSetDevice(opt.device));
   m.scheme = &s;
@@ -445,6 +458,10 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   m.wf = wfmt_of(s.weight);
   m.wgmma = opt.wgmma && wgmma_available();
   m.fp8_mma = opt.fp8_mma && m.wf == WFmt::FP8 && m.wgmma;
+  // gemm_wg_f8_kernel by default; the warp-specialised form with two weight tiles per CTA measured
+  // 1.2-1.5x it at T = 1024 / 4096 (bench/RESULTS.md, 2026-12-04) but has not yet been through
+  // test_cuda on a device (CudaExperts.Fp8TensorCoreMode runs all three).
+  m.f8_kernel = resolve_fp8_kernel(opt.fp8_kernel);
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
   if (int8_w != int8_a)
@@ -795,6 +812,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.TK = TK;
     g.Kt = d.Kt;
     g.kt_per_split = kps;
+    g.f8_kernel = m.f8_kernel;
     return g;
   };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);

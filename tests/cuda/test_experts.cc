@@ -215,17 +215,34 @@ TEST(CudaExperts, Fp8TensorCoreMode) {
       o.ksplit = c.ks;
       const Result exact = run_problem(s, pb, o);
       o.fp8_mma = true;
-      const Result r = run_problem(s, pb, o), again = run_problem(s, pb, o);
-      const std::string what = std::string(s.name) + " T=" + std::to_string(c.T) + " tile " + std::to_string(c.tile) +
-                               " ks " + std::to_string(c.ks) + " experts " + std::to_string(c.allowed.size());
-      std::printf("[ fp8_mma  ] %s: rel-L2 %.3e (fp32-accurate path %.3e)\n", what.c_str(), r.rel, exact.rel);
-      EXPECT_LE(r.rel, kBf16) << what;
-      EXPECT_TRUE(std::isfinite(r.rel)) << what;
-      EXPECT_NE(0, std::memcmp(r.gpu.data(), exact.gpu.data(), r.gpu.size() * sizeof(float)))
-          << what << ": identical to the fp32-accurate path — the e4m3 kernel did not run";
-      EXPECT_EQ(0, std::memcmp(r.gpu.data(), again.gpu.data(), r.gpu.size() * sizeof(float))) << what << ": rerun";
+      for (int kernel = 0; kernel <= 2; ++kernel) {  // gemm_wg_f8_kernel, gemm_ws_f8_kernel with 1 / 2 tiles
+        o.fp8_kernel = kernel;
+        const Result r = run_problem(s, pb, o), again = run_problem(s, pb, o);
+        const std::string what = std::string(s.name) + " T=" + std::to_string(c.T) + " tile " + std::to_string(c.tile) +
+                                 " ks " + std::to_string(c.ks) + " experts " + std::to_string(c.allowed.size()) +
+                                 " kernel " + std::to_string(kernel);
+        std::printf("[ fp8_mma  ] %s: rel-L2 %.3e (fp32-accurate path %.3e)\n", what.c_str(), r.rel, exact.rel);
+        EXPECT_LE(r.rel, kBf16) << what;
+        EXPECT_TRUE(std::isfinite(r.rel)) << what;
+        EXPECT_NE(0, std::memcmp(r.gpu.data(), exact.gpu.data(), r.gpu.size() * sizeof(float)))
+            << what << ": identical to the fp32-accurate path — the e4m3 kernel did not run";
+        EXPECT_EQ(0, std::memcmp(r.gpu.data(), again.gpu.data(), r.gpu.size() * sizeof(float))) << what << ": rerun";
+      }
     }
   }
+}
+
+// An fp8_kernel outside -1 … 2, or a QMOE_CUDA_F8 value it does not know, is an error naming the choices.
+TEST(CudaExperts, Fp8KernelChoiceIsChecked) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name("w_fp8_tensor_a_fp8_static");
+  ActivationSpec act;
+  CudaOptions o;
+  o.fp8_mma = true;
+  o.fp8_kernel = 3;
+  EXPECT_THROW(CudaExperts::random(s, 2, 256, 128, act, 1, o), Error);
+  o.fp8_kernel = 2;
+  EXPECT_NO_THROW(CudaExperts::random(s, 2, 256, 128, act, 1, o));
 }
 
 // ---- edge cases -----------------------------------------------------------------------------
