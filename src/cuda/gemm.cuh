@@ -215,10 +215,10 @@ __device__ __forceinline__ void mma_frag(Acc (&c)[4], const uint32_t (&a)[4], ui
 }
 
 // The accumulators of a GEMM kernel, [m-fragment][token fragment][4], set to zero.
-template <class Acc, int NT>
-__device__ __forceinline__ void zero_acc(Acc (&acc)[2][NT][4]) {
+template <class Acc, int M, int NT>
+__device__ __forceinline__ void zero_acc(Acc (&acc)[M][NT][4]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < M; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -492,13 +492,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
 template <WFmt WF, int BT, bool SPLIT>
 void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
-  using C = GemmCfg<WF, BT, SPLIT>;
-  static const bool configured = [] {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WF, BT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    return true;
-  }();
-  (void)configured;
-  launch_pdl(gemm_kernel<WF, BT, SPLIT>, grid, kGemmThreads, C::kSmem, s, a);
+  launch_pdl_smem<gemm_kernel<WF, BT, SPLIT>, GemmCfg<WF, BT, SPLIT>::kSmem>(grid, kGemmThreads, s, a);
 }
 
 }  // namespace qmoe::cuda

@@ -492,6 +492,35 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float* d, const uint32_t (&a)[4], 
 #endif
 }
 
+// One m64 fragment's 128-K stage: the warp's 4 fragment chunks at wf (one 16-byte load per k32
+// step: the words of k16 steps 2s and 2s + 1; low / high halves are rows r0 / r0 + 8) become the
+// e4m3 A registers by two byte permutes per register pair; the 4 k32 wgmmas against the stage's
+// activation tile at abase go into the stage sum `part` (the first with scale-d = 0), which is
+// waited for and added into the fp32 accumulator `acc` (the promotion).
+template <int BT>
+__device__ __forceinline__ void f8_mma_stage(float (&acc)[BT / 8][4], float (&part)[BT / 2], const uint8_t* wf,
+                                             uint32_t abase) {
+  uint32_t af[4][4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint4 v = *reinterpret_cast<const uint4*>(wf + s * 512);
+    af[s][0] = __byte_perm(v.x, v.y, 0x5410);
+    af[s][1] = __byte_perm(v.x, v.y, 0x7632);
+    af[s][2] = __byte_perm(v.z, v.w, 0x5410);
+    af[s][3] = __byte_perm(v.z, v.w, 0x7632);
+  }
+  wg_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) wgmma_e4m3_rs<BT>(part, af[s], wg_act_desc<BT>(abase, s), s);
+  wg_commit();
+  wg_wait<0>();
+  fence_acc(part);
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[j][k] += part[j * 4 + k];
+}
+
 template <int BT_>
 __global__ void __launch_bounds__(256, 1) gemm_wg_f8_kernel(const GemmArgs a) {
 #if QMOE_WGMMA_DEVICE
@@ -541,10 +570,7 @@ __global__ void __launch_bounds__(256, 1) gemm_wg_f8_kernel(const GemmArgs a) {
   }
 
   float acc[1][NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc[0][j][k] = 0.0f;
+  zero_acc(acc);
   float part[NT * 4];  // one stage's sum
 
   for (int it = 0; it < nk; ++it) {
@@ -560,29 +586,8 @@ __global__ void __launch_bounds__(256, 1) gemm_wg_f8_kernel(const GemmArgs a) {
       cp_async_commit();
     }
     const uint8_t* st = smem + (it % S) * C::kStageBytes;
-    // Fragment chunk q = 4·wg + s of this warp's 4 KB block: words (k16 step 2s, p = 0, 1),
-    // (k16 step 2s + 1, p = 0, 1); low / high halves are rows r0 / r0 + 8.
-    const uint8_t* wf = st + C::kATile + warp * 4096 + wg * 4 * 512 + lane * 16;
-    uint32_t af[4][4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint4 v = *reinterpret_cast<const uint4*>(wf + s * 512);
-      af[s][0] = __byte_perm(v.x, v.y, 0x5410);
-      af[s][1] = __byte_perm(v.x, v.y, 0x7632);
-      af[s][2] = __byte_perm(v.z, v.w, 0x5410);
-      af[s][3] = __byte_perm(v.z, v.w, 0x7632);
-    }
-    const uint32_t abase = smem_u32(st);
-    wg_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_e4m3_rs<BT>(part, af[s], wg_act_desc<BT>(abase, s), s);
-    wg_commit();
-    wg_wait<0>();
-    fence_acc(part);
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) acc[0][j][k] += part[j * 4 + k];
+    // Fragment chunks 4·wg … 4·wg + 3 of this warp's 4 KB block: m-fragment wg.
+    f8_mma_stage<BT>(acc[0], part, st + C::kATile + warp * 4096 + wg * 4 * 512 + lane * 16, smem_u32(st));
   }
   cp_async_wait<0>();
   store_partials<NT>(a, acc, e, split, n0 + warp * 32 + wg * 16, lane, cnt, s_slot, s_arow);
@@ -635,6 +640,39 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// The S-stage ring of the warp-specialised kernels: `full` completes when the producer
+// warpgroup's 128 threads' copies of a stage have landed, `empty` when the 256 consumer threads
+// are done with it (thread 0 initialises them; a CTA barrier must follow).
+template <int S>
+__device__ __forceinline__ void ws_init_ring(uint64_t* full_bar, uint64_t* empty_bar, int tid) {
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full_bar[s], 128);   // the producer's threads (cp.async arrivals)
+      mbar_init(&empty_bar[s], 256);  // the consumer threads
+    }
+  }
+}
+// The producer's loop: the weights of the first stages before the wait for the activations'
+// producer (launch.cuh); then per k stage it (buffer it % S), once the consumers have released
+// the buffer's last use, its weights (from stage S on) and activations, and the arrival on `full`.
+template <int S, class LoadW, class LoadA>
+__device__ __forceinline__ void ws_produce(int nk, int kt0, uint64_t* full_bar, uint64_t* empty_bar, const LoadW& load_w,
+                                           const LoadA& load_a) {
+  for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);
+  pdl_wait();
+  pdl_trigger();
+  for (int it = 0; it < nk; ++it) {
+    const int s = it % S;
+    if (it >= S) {
+      mbar_wait(&empty_bar[s], ((it / S) - 1) & 1);  // the consumers are done with its last use
+      load_w(s, kt0 + it);
+    }
+    load_a(s, kt0 + it);
+    cp_async_mbar_arrive(&full_bar[s]);
+  }
+  cp_async_wait<0>();
+}
+
 
 // Where it can run: 128-token tiles with two weight tiles per CTA, every format (ws_built); where it
 // does by default: bf16 weights against fp32-accurate activations (kSS, both operands from shared
@@ -676,12 +714,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   int e, cnt;
   wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], 128);  // the producer's threads (cp.async arrivals)
-      mbar_init(&empty_bar[s], 256);  // the consumer threads
-    }
-  }
+  ws_init_ring<S>(full_bar, empty_bar, tid);
   const int split = blockIdx.z;
   const int kt0 = split * a.kt_per_split;
   const int kt1 = min(a.Kt, kt0 + a.kt_per_split);
@@ -712,20 +745,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
     auto load_a = [&](int buf, int kt) {
       wg_copy_acts<C, SPLIT, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
     };
-    // Weights of the first stages before the wait for the activations' producer (launch.cuh).
-    for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);
-    pdl_wait();
-    pdl_trigger();
-    for (int it = 0; it < nk; ++it) {
-      const int s = it % S;
-      if (it >= S) {
-        mbar_wait(&empty_bar[s], ((it / S) - 1) & 1);  // the consumers are done with its last use
-        load_w(s, kt0 + it);
-      }
-      load_a(s, kt0 + it);
-      cp_async_mbar_arrive(&full_bar[s]);
-    }
-    cp_async_wait<0>();
+    ws_produce<S>(nk, kt0, full_bar, empty_bar, load_w, load_a);
   } else {
     // ---- consumers ----
     setmaxnreg_inc<kWsConsumerRegs>();
@@ -806,12 +826,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
   const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   int e, cnt;
   wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], 128);   // the producer's threads (cp.async arrivals)
-      mbar_init(&empty_bar[s], 256);  // the consumer threads
-    }
-  }
+  ws_init_ring<S>(full_bar, empty_bar, tid);
   const int ntiles = a.Npad / kBW;
   const int split = blockIdx.z;
   const int kt0 = split * a.kt_per_split;
@@ -836,19 +851,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
     auto load_a = [&](int buf, int kt) {
       wg_copy_acts<C, false, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
     };
-    for (int s = 0; s < S && s < nk; ++s) load_w(s, kt0 + s);  // before the wait for the activations
-    pdl_wait();
-    pdl_trigger();
-    for (int it = 0; it < nk; ++it) {
-      const int s = it % S;
-      if (it >= S) {
-        mbar_wait(&empty_bar[s], ((it / S) - 1) & 1);  // the consumers are done with its last use
-        load_w(s, kt0 + it);
-      }
-      load_a(s, kt0 + it);
-      cp_async_mbar_arrive(&full_bar[s]);
-    }
-    cp_async_wait<0>();
+    ws_produce<S>(nk, kt0, full_bar, empty_bar, load_w, load_a);
   } else {
     // ---- consumers ----
     setmaxnreg_inc<kWsConsumerRegs>();
@@ -859,12 +862,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
     const int wtile = NW == 1 ? ty : ty * NW + cw;
     const bool on = wtile < ntiles;
     float acc[MF][NT][4];
-#pragma unroll
-    for (int m = 0; m < MF; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[m][j][k] = 0.0f;
+    zero_acc(acc);
     float part[NT * 4];
     for (int it = 0; it < nk; ++it) {
       const int s = it % S;
@@ -876,26 +874,8 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
       for (int m = 0; m < MF; ++m) {
         if (!on) break;
         const int mt = NW == 1 ? cw : m;
-        const uint8_t* wf = st + C::kATile + (NW == 1 ? 0 : cw) * C::kW + warp * 4096 + mt * 4 * 512 + lane * 16;
-        uint32_t af[4][4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint4 v = *reinterpret_cast<const uint4*>(wf + k * 512);
-          af[k][0] = __byte_perm(v.x, v.y, 0x5410);
-          af[k][1] = __byte_perm(v.x, v.y, 0x7632);
-          af[k][2] = __byte_perm(v.z, v.w, 0x5410);
-          af[k][3] = __byte_perm(v.z, v.w, 0x7632);
-        }
-        wg_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k) wgmma_e4m3_rs<BT>(part, af[k], wg_act_desc<BT>(abase, k), k);
-        wg_commit();
-        wg_wait<0>();
-        fence_acc(part);
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) acc[m][j][k] += part[j * 4 + k];
+        f8_mma_stage<BT>(acc[m], part, st + C::kATile + (NW == 1 ? 0 : cw) * C::kW + warp * 4096 + mt * 4 * 512 + lane * 16,
+                         abase);
       }
       mbar_arrive(&empty_bar[s]);
     }
@@ -913,51 +893,29 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
 // ws: 0 = gemm_wg_f8_kernel, 1 / 2 = gemm_ws_f8_kernel with that many weight tiles per CTA.
 template <int BT>
 void launch_gemm_f8(const GemmArgs& a, dim3 grid, cudaStream_t s, int ws) {
-  auto configure = [](auto kernel, int smem) {
-    QMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  };
   if (ws == 0) {
-    static const bool c0 = configure(gemm_wg_f8_kernel<BT>, WgF8Cfg<BT>::kSmem);
-    (void)c0;
-    launch_pdl(gemm_wg_f8_kernel<BT>, grid, 256, WgF8Cfg<BT>::kSmem, s, a);
+    launch_pdl_smem<gemm_wg_f8_kernel<BT>, WgF8Cfg<BT>::kSmem>(grid, 256, s, a);
   } else if (ws == 1) {
-    static const bool c1 = configure(gemm_ws_f8_kernel<BT, 1>, WgF8Cfg<BT, 1>::kSmem);
-    (void)c1;
-    launch_pdl(gemm_ws_f8_kernel<BT, 1>, grid, 384, WgF8Cfg<BT, 1>::kSmem, s, a);
+    launch_pdl_smem<gemm_ws_f8_kernel<BT, 1>, WgF8Cfg<BT, 1>::kSmem>(grid, 384, s, a);
   } else {
-    static const bool c2 = configure(gemm_ws_f8_kernel<BT, 2>, WgF8Cfg<BT, 2>::kSmem);
-    (void)c2;
     grid.y = (grid.y + 1) / 2;
-    launch_pdl(gemm_ws_f8_kernel<BT, 2>, grid, 384, WgF8Cfg<BT, 2>::kSmem, s, a);
+    launch_pdl_smem<gemm_ws_f8_kernel<BT, 2>, WgF8Cfg<BT, 2>::kSmem>(grid, 384, s, a);
   }
 }
 
 template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_ws(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = WgCfg<WF, SPLIT, BT>;
-  static const bool configured = [] {
-    QMOE_CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_ws_kernel<WF, SPLIT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    return true;
-  }();
-  (void)configured;
   grid.y = (grid.y + C::kWG - 1) / C::kWG;
-  launch_pdl(gemm_ws_kernel<WF, SPLIT, BT>, grid, 384, C::kSmem, s, a);
+  launch_pdl_smem<gemm_ws_kernel<WF, SPLIT, BT>, C::kSmem>(grid, 384, s, a);
 }
 
 // grid: (tiles, Npad / 128, splits) as for gemm_kernel; the kernel takes kWG weight tiles per CTA.
 template <WFmt WF, bool SPLIT, int BT>
 void launch_gemm_wg(const GemmArgs& a, dim3 grid, cudaStream_t s) {
   using C = WgCfg<WF, SPLIT, BT>;
-  static const bool configured = [] {
-    QMOE_CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_wg_kernel<WF, SPLIT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    return true;
-  }();
-  (void)configured;
   grid.y = (grid.y + C::kWG - 1) / C::kWG;
-  launch_pdl(gemm_wg_kernel<WF, SPLIT, BT>, grid, C::kThreads, C::kSmem, s, a);
+  launch_pdl_smem<gemm_wg_kernel<WF, SPLIT, BT>, C::kSmem>(grid, C::kThreads, s, a);
 }
 
 }  // namespace qmoe::cuda

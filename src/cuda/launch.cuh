@@ -61,4 +61,16 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   QMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// launch_pdl of a kernel that takes kSmem bytes of dynamic shared memory, raising its limit to
+// that once (the first launch of each kernel instantiation).
+template <auto kKernel, int kSmem, class... Args>
+void launch_pdl_smem(dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+  static const bool configured = [] {
+    QMOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(kKernel, grid, block, kSmem, s, std::forward<Args>(args)...);
+}
+
 }  // namespace qmoe::cuda

@@ -363,9 +363,9 @@ void activation_row(const ActParams& act, const float* y1, int inter, float* z) 
     for (int v = 0; v < kU; ++v) r[v] = act_lanes<T>(act, g[v], u[v]);
     for (int v = 0; v < kU; ++v) T::store_d(z + j0 + v * L, L, r[v]);
   }
-  for (int j = j0; j < inter; j += T::kDLanes) {
-    const int n = inter - j < T::kDLanes ? inter - j : T::kDLanes;
-    typename T::D g, u;
+  for (int j = j0; j < inter; j += L) {
+    const int n = inter - j < L ? inter - j : L;
+    D g, u;
     T::load_gate_up(act.interleaved, y1, inter, j, n, g, u);
     T::store_d(z + j, n, act_lanes<T>(act, g, u));
   }
