@@ -114,11 +114,18 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // operands are exact in bf16 (e2m1 · 2^s), so vdpbf16ps over the once-decoded weight rows (one
     // term) beats the exact integer block sums, whose per-block conversion and scaling cost more
     // than the products once the decode is shared by many tokens.
-    if (isa == Isa::Avx512Bf16 && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
+    if ((isa == Isa::Avx512Bf16 || isa == Isa::Amx) && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
-  if (isa == Isa::Avx512Bf16) {
+  if (isa == Isa::Amx && tokens_per_expert >= kAmxBf16Tokens) {
+    // AMX tiles (gemm_amx.cc): every weight format that decodes exactly to bf16 takes TDPBF16PS,
+    // fp32 inputs too (3 terms: the tiles' throughput makes the extra products cheap).
+    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
+                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
+    if (bf16_weights) return DotKind::Bf16;
+  }
+  if (isa == Isa::Avx512Bf16 || isa == Isa::Amx) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as
     // are quantized intermediates; an unquantized intermediate needs 3 terms, 1.5× the fp32 FMA

@@ -372,7 +372,15 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   const Isa isa = opt.isa ? *opt.isa : default_isa();
   if (!isa_supported(isa))
     throw Error(fmt::format("experts_optimized: ISA {} is not supported by this CPU", isa_name(isa)));
-  if (opt.chunk_tokens < 1) throw Error(fmt::format("experts_optimized: chunk_tokens = {} must be ≥ 1", opt.chunk_tokens));
+  if (opt.chunk_tokens < 0) throw Error(fmt::format("experts_optimized: chunk_tokens = {} must be ≥ 0 (0: automatic)", opt.chunk_tokens));
+  // Automatic chunks: the fp32 GEMM outputs, activations and quantized rows of a token's K slots
+  // (≤ 4 + 2 · 3 bytes per intermediate element for the Bf16 kind's terms) within the budget. At
+  // 256 tokens a 512-token prefill streamed (and, for the decoded formats, decoded) every weight twice.
+  int chunk = opt.chunk_tokens;
+  if (chunk == 0) {
+    const int64_t per_token = static_cast<int64_t>(a.K) * (4LL * (2LL * p.inter + p.hidden) + 10LL * p.inter) + 16LL * p.hidden;
+    chunk = static_cast<int>(std::clamp<int64_t>(kChunkScratchBytes / std::max<int64_t>(per_token, 1), 256, 1 << 20));
+  }
 
   Call c;
   c.a = &a;
@@ -386,7 +394,7 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   c.rule1 = ref::gemm1_act_rule(p);
   c.rule2 = ref::gemm2_act_rule(p);
   const DType ustore = p.w13_weight.dtype() == p.w2_weight.dtype() ? p.w13_weight.dtype() : DType::F32;
-  const double tpe = static_cast<double>(std::min(a.T, opt.chunk_tokens)) * a.K / p.num_local;
+  const double tpe = static_cast<double>(std::min(a.T, chunk)) * a.K / p.num_local;
   c.L1 = make_act_layout(dot_kind_for(*p.scheme, isa, 1, ustore, tpe), p.scheme->weight, c.H);
   c.L2 = make_act_layout(dot_kind_for(*p.scheme, isa, 2, ustore, tpe), p.scheme->weight, c.I);
   Scratch& s = thread_scratch();
@@ -412,7 +420,6 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
     c.scale1 = ref::act_tensor_scale(c.rule1, m);
   }
 
-  const int chunk = opt.chunk_tokens;
   float scale2 = -1.0f;
   if (c.rule2.kind == ActQuant::Fp8DynTensor && a.T > chunk) {
     float m = 0.0f;

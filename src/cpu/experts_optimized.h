@@ -2,6 +2,7 @@
 // (include/qmoe/moe.h), for tests and benchmarks.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "cpu/isa.h"
@@ -11,8 +12,12 @@ namespace qmoe::cpu {
 
 struct OptimizedOptions {
   std::optional<Isa> isa;   // default: default_isa() (env QMOE_CPU_ISA or the best supported)
-  int chunk_tokens = 256;   // tokens per chunk: scratch is O(chunk_tokens · K · max(2I, H))
+  // Tokens per chunk: scratch is O(chunk_tokens · K · (2I + I + H)); each chunk streams every
+  // expert's weights once. 0: as many as kChunkScratchBytes of scratch hold, at least 256.
+  int chunk_tokens = 0;
 };
+
+inline constexpr int64_t kChunkScratchBytes = int64_t{128} << 20;
 
 // experts_optimized with explicit options. Unsupported ISA: qmoe::Error.
 void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOptions& opt);

@@ -1,12 +1,15 @@
 // CPU instruction-set selection for the optimized expert kernels: the best the machine supports,
-// overridable with env QMOE_CPU_ISA=scalar|avx2|avx512|avx512bf16 or an explicit argument (tests).
+// overridable with env QMOE_CPU_ISA=scalar|avx2|avx512|avx512bf16|amx or an explicit argument (tests).
 // Targets, each a superset of the one before:
 //   scalar      plain C++ (the baseline the others are tested against)
 //   avx2        AVX2 + FMA + F16C (Haswell, Zen 1–3)
 //   avx512      + AVX-512 F/BW/VL/DQ + VNNI (Cascade Lake, Ice Lake)
 //   avx512bf16  + AVX512_BF16 (vdpbf16ps: Cooper Lake, Sapphire Rapids, Zen 4/5): bf16 dot
 //               products for bf16 / MX-weight schemes (DotKind::Bf16)
-// (No AMX target yet.)
+//   amx         + AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8: Sapphire Rapids and later) with the
+//               OS's permission for tile data (Linux arch_prctl ARCH_REQ_XCOMP_PERM): TDPBF16PS /
+//               TDPBSSD tile GEMMs for experts with many tokens (gemm_amx.cc); avx512bf16's
+//               kernels below that
 #pragma once
 
 #include <optional>
@@ -14,17 +17,18 @@
 
 namespace qmoe::cpu {
 
-enum class Isa { Scalar, Avx2, Avx512, Avx512Bf16 };
+enum class Isa { Scalar, Avx2, Avx512, Avx512Bf16, Amx };
 
 std::string_view isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);  // nullopt for unknown names
 // Whether this CPU (and OS) can run the kernels of `isa`: AVX2 needs AVX2+FMA+F16C; AVX-512 needs
-// F, BW, VL, DQ and VNNI; avx512bf16 also AVX512_BF16.
+// F, BW, VL, DQ and VNNI; avx512bf16 also AVX512_BF16; amx also AMX-TILE/BF16/INT8 and the OS's
+// permission to use tile data (asked for once per process).
 bool isa_supported(Isa isa);
 // The best supported ISA, unless env QMOE_CPU_ISA names one (an unsupported or unknown name is a
 // qmoe::Error naming the variable and the choices).
 Isa default_isa();
 // Every target, in order (for tests: each supported one is run against the scalar reference).
-inline constexpr Isa kAllIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16};
+inline constexpr Isa kAllIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx};
 
 }  // namespace qmoe::cpu

@@ -79,6 +79,9 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
+// Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
+// (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included.
+inline constexpr double kAmxBf16Tokens = 8.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
@@ -145,6 +148,7 @@ const KernelTable& kernel_table(Isa isa);
 // Per-target GEMM entry points (gemm_<target>.cc), read by the target's table (quant_<target>.cc).
 void gemm_avx512(const GemmArgs& a);
 void gemm_avx2(const GemmArgs& a);
+void gemm_amx(const GemmArgs& a);  // AMX tiles for experts with many tokens, else gemm_avx512
 // 64-byte aligned per-thread scratch (slot 0..3), grown as needed, valid until the next call
 // with the same slot on the same thread.
 void* thread_scratch_buffer(int slot, size_t bytes);
@@ -152,6 +156,7 @@ const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512bf16_kernels();  // avx512's functions; its DotKind::Bf16 paths need AVX512_BF16
+const KernelTable& amx_kernels();         // avx512bf16's, with gemm_amx
 
 // Shared helpers used by every ISA.
 // Fills the Fp4 correction words of a quantized row from its values (no-op for other kinds).

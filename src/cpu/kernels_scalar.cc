@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/kernel_iface.h"
+#include "qmoe/error.h"
 #include "qmoe/formats.h"
 
 namespace qmoe::cpu {
@@ -214,6 +215,10 @@ const KernelTable& kernel_table(Isa isa) {
     case Isa::Avx2: return avx2_kernels();
     case Isa::Avx512: return avx512_kernels();
     case Isa::Avx512Bf16: return avx512bf16_kernels();
+    case Isa::Amx:
+      // (isa_supported asks the OS for tile data once per process: without it a tile instruction faults)
+      if (!isa_supported(Isa::Amx)) throw Error("kernel_table: the amx target is not supported by this CPU / OS");
+      return amx_kernels();
     default: return scalar_kernels();
   }
 }

@@ -36,10 +36,10 @@ std::vector<Isa> isas() {
   return v;
 }
 
-// Whether `isa`'s kernels implement `kind` (dot_kind_for selects it there): only the scalar and
-// avx512bf16 targets have Bf16.
+// Whether `isa`'s kernels implement `kind` (dot_kind_for selects it there): only the scalar,
+// avx512bf16 and amx targets have Bf16.
 bool implements(Isa isa, DotKind kind) {
-  if (kind == DotKind::Bf16) return isa == Isa::Scalar || isa == Isa::Avx512Bf16;
+  if (kind == DotKind::Bf16) return isa == Isa::Scalar || isa == Isa::Avx512Bf16 || isa == Isa::Amx;
   return true;
 }
 
@@ -344,7 +344,10 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     ActQuant act;
     int k;
   };
+  // (amx: K = 256 / 192 read whole 32-row panels of int8 / bf16 weights in place; the other K a
+  // zero-padded copy.)
   const std::vector<K> kinds = {{DotKind::I8, WeightFormat::Int8, ActQuant::Int8DynToken, 200},
+                                {DotKind::I8, WeightFormat::Int8, ActQuant::Int8DynToken, 256},
                                 {DotKind::I8, WeightFormat::Int8, ActQuant::Int8Static, 64},
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 96},
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 256},
@@ -362,6 +365,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Bf16, WeightFormat::Mxfp6E3M2, ActQuant::Fp8DynToken, 64},
                                 {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 72},
                                 {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 200},
+                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 192},
                                 {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
                                 {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8Static, 128}};
   for (const K& kc : kinds) {
@@ -559,6 +563,24 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
       EXPECT_EQ(DotKind::I8, dot_kind_for(i8, Isa::Avx512Bf16, gemm, DType::BF16, tpe));
     }
   }
+  // amx: from kAmxBf16Tokens every bf16-exact weight format takes Bf16 (AMX tiles), the
+  // unquantized intermediate of GEMM2 too; below, avx512bf16's choices.
+  const SchemeInfo& bf = scheme_by_name("unquantized");
+  const SchemeInfo& w4 = scheme_by_name("w_mxfp4");
+  for (double tpe : {kAmxBf16Tokens, 64.0}) {
+    for (int gemm : {1, 2}) {
+      EXPECT_EQ(DotKind::Bf16, dot_kind_for(bf, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
+      EXPECT_EQ(DotKind::Bf16, dot_kind_for(w4, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
+      EXPECT_EQ(DotKind::Bf16, dot_kind_for(mx, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
+      EXPECT_EQ(DotKind::I8, dot_kind_for(i8, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
+      EXPECT_EQ(DotKind::F32, dot_kind_for(bf, Isa::Amx, gemm, DType::F32, tpe)) << gemm;  // fp32 storage
+    }
+  }
+  for (double tpe : {0.5, kAmxBf16Tokens - 0.5})
+    for (int gemm : {1, 2})
+      for (const SchemeInfo* s : {&bf, &w4, &mx, &nv, &i8})
+        EXPECT_EQ(dot_kind_for(*s, Isa::Avx512Bf16, gemm, DType::BF16, tpe), dot_kind_for(*s, Isa::Amx, gemm, DType::BF16, tpe))
+            << s->name << " " << gemm << " " << tpe;
 }
 
 TEST(OptimizedUnits, ThreadPoolCoversEveryIndexOnce) {

@@ -1,0 +1,326 @@
+// The AMX target's GEMM translation unit (compiled with the AVX-512 flags and -mamx-tile/bf16/int8):
+// tasks whose expert has enough tokens (kAmx*MinTokens) run on AMX tiles; every other task, and the
+// other dot kinds, run avx512bf16's kernels (gemm_avx512).
+//   Bf16 : TDPBF16PS. Weight rows are decoded exactly to bf16 by the avx512bf16 decoders
+//          (simd/bf16_avx512.h: MX block scales in the exponent, FP8 magnitudes by table) into a
+//          per-thread panel of 32 rows; bf16 weights are read in place. Each product of two bf16
+//          values is exact in fp32 and the tile adds them in fp32 (subnormals flushed, like
+//          vdpbf16ps): the Bf16 kind's error, an fp32 sum. Activation terms (ActLayout: up to 3 bf16
+//          rows summing exactly to the fp32 value) all accumulate into the same tiles.
+//   I8   : TDPBSSD. int8 weight rows read in place (a zero-padded copy at the matrix's edges), int8
+//          activation codes; exact int32 sums, signed × signed (no unsigned offset as vpdpbusd).
+// Tiles: C0..C3 = 2 × 2 blocks of 16 weight rows × 16 tokens (fp32 / int32), A0, A1 = 16 weight
+// rows × 64 bytes of K each (32 bf16 / 64 int8), B0, B1 = 16 tokens' K in the pair (bf16) or quad
+// (int8) interleaved layout the instructions take: B row r holds, per token, K elements 2r, 2r + 1
+// (4r .. 4r + 3) as one dword. The activations are packed into that layout once per task (a
+// 16 × 16 dword transpose per 16 tokens and 64 bytes of K), so the weights, read once per token
+// group pair, stay row-major as decoded.
+// Linux grants tile data per process (isa.cc asks); the tile configuration is loaded at the start of
+// each AMX task and released at its end, so nothing else in the thread sees our tiles.
+#include <immintrin.h>
+#include <new>
+#include <type_traits>
+
+#include "cpu/simd/avx512.h"
+#include "cpu/simd/gemm.h"
+#include "cpu/simd/bf16_avx512.h"
+
+namespace qmoe::cpu {
+
+namespace {
+
+// Tokens of one expert from which a task takes the tiles (below: avx512bf16's row-major kernels,
+// which use each decoded weight for every token in registers). One core, K = 2048, N = 1536,
+// weights cold, µs AMX / avx512bf16: bf16 weights 2 tokens 451 / 724, 8 tokens 571 / 1727; MXFP4
+// weights and activations 2 tokens 321 / 234, 4 tokens 332 / 369, 8 tokens 346 / 726; INT8 4
+// tokens 369 / 264, 8 tokens 257 / 429 (bench/RESULTS.md, 2026-12-05).
+constexpr int kAmxBf16MinTokens = 4;
+constexpr int kAmxI8MinTokens = 8;
+constexpr int kPanelRows = 32;  // weight rows per panel: two A tiles
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Eight tiles of 16 rows × 64 bytes (see the roles above), for the life of one task.
+class TileScope {
+ public:
+  TileScope() {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// r[i] (16 dwords each) → r[j] holding dword j of every former r[i], i.e. the 16 × 16 transpose.
+inline void transpose16_epi32(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4q + c], lane L: rows 4q..4q+3 of column c + 4L.
+  for (int q = 0; q < 4; ++q) {
+    u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  // Column c + 4L = lanes L of u[c], u[4 + c], u[8 + c], u[12 + c]: a 4 × 4 transpose of lanes.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), x3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    r[c + 4] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    r[c + 8] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    r[c + 12] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+}
+
+// Packs nsrc rows of 64-byte blocks into B tiles: for token group g (16 tokens) and 64-byte block
+// b, dst[((g · nsets + s) · nblk + b) · 256 + 16 r + m] = dword r of block b of src(s, g·16 + m)
+// (zero for m beyond ntok or a null source). src(s, j): the bytes of token j's set s (a term row),
+// or null.
+template <class Src>
+void pack_b(int ntok, int nsets, int nblk, Src src, uint32_t* dst) {
+  const int ngroups = (ntok + 15) / 16;
+  for (int g = 0; g < ngroups; ++g)
+    for (int s = 0; s < nsets; ++s) {
+      const uint8_t* rows[16];
+      for (int m = 0; m < 16; ++m) rows[m] = g * 16 + m < ntok ? src(s, g * 16 + m) : nullptr;
+      uint32_t* out = dst + (static_cast<int64_t>(g) * nsets + s) * nblk * 256;
+      for (int b = 0; b < nblk; ++b) {
+        __m512i r[16];
+        for (int m = 0; m < 16; ++m) r[m] = rows[m] ? _mm512_loadu_si512(rows[m] + 64 * b) : _mm512_setzero_si512();
+        transpose16_epi32(r);
+        for (int q = 0; q < 16; ++q) _mm512_store_si512(out + 256 * b + 16 * q, r[q]);
+      }
+    }
+}
+
+// C tiles → dot[t][i] (token t, weight row i) for the group pair's tokens, then the epilogue.
+template <class Dot>
+void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, float (*cbuf)[32]) {
+  Dot dot[32][kPanelRows];
+  for (int t = 0; t < nt; ++t)
+    for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<Dot>(cbuf[i][t]);
+  epilogue(a, n0, nr, j0, nt, dot);
+}
+
+// One panel of 32 weight rows (A at a, row stride lda bytes) against every token group: nblk
+// steps of 64 bytes of K, nsets activation sets (terms) accumulated into the same tiles.
+// next: the following panel when the weights are read in place (32 · lda contiguous bytes, null
+// otherwise): the first group pair's steps sweep it into the cache in address order, 32 lines a
+// step (the tile loads' 32 row streams are more than the hardware prefetchers follow).
+// prep(b0, b1): fills blocks [b0, b1) of A (a decoded panel) just before the first group pair
+// uses them, kPrepBlocks at a time, so a decoded chunk (32 rows × 256 bf16 = 16 KB) is still in
+// L1 when the tiles load it.
+constexpr int kPrepBlocks = 8;
+struct NoPrep {
+  void operator()(int, int) const {}
+};
+template <bool kBf16, class Prep = NoPrep>
+void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
+                 const uint8_t* next = nullptr, Prep prep = {}) {
+  const int64_t pf_step = next ? (kPanelRows * lda / nblk + 63) / 64 * 64 : 0;  // bytes per step
+  const int ngroups = (a.ntok + 15) / 16;
+  alignas(64) float cbuf[kPanelRows][32];
+  for (int g0 = 0; g0 < ngroups; g0 += 2) {
+    const bool two = g0 + 1 < ngroups;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int b = 0; b < nblk; ++b) {
+      if constexpr (!std::is_same_v<Prep, NoPrep>)
+        if (g0 == 0 && b % kPrepBlocks == 0) prep(b, b + kPrepBlocks < nblk ? b + kPrepBlocks : nblk);
+      if (g0 == 0 && next)
+        for (int64_t off = 0; off < pf_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + b * pf_step + off), _MM_HINT_T1);
+      _tile_loadd(4, A + 64 * b, lda);
+      _tile_loadd(5, A + 16 * lda + 64 * b, lda);
+      for (int s = 0; s < nsets; ++s) {
+        const uint32_t* b0 = pk + ((static_cast<int64_t>(g0) * nsets + s) * nblk + b) * 256;
+        _tile_loadd(6, b0, 64);
+        if constexpr (kBf16) {
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(2, 5, 6);
+        } else {
+          _tile_dpbssd(0, 4, 6);
+          _tile_dpbssd(2, 5, 6);
+        }
+        if (two) {
+          _tile_loadd(7, b0 + static_cast<int64_t>(nsets) * nblk * 256, 64);
+          if constexpr (kBf16) {
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+          } else {
+            _tile_dpbssd(1, 4, 7);
+            _tile_dpbssd(3, 5, 7);
+          }
+        }
+      }
+    }
+    _tile_stored(0, &cbuf[0][0], 128);
+    _tile_stored(1, &cbuf[0][16], 128);
+    _tile_stored(2, &cbuf[16][0], 128);
+    _tile_stored(3, &cbuf[16][16], 128);
+    const int j0 = g0 * 16;
+    const int nt = a.ntok - j0 < 32 ? a.ntok - j0 : 32;
+    if constexpr (kBf16) {
+      emit_tiles<float>(a, n0, nr, j0, nt, cbuf);
+    } else {
+      // int32 sums (exact) in the same bits.
+      int32_t (*ib)[32] = reinterpret_cast<int32_t (*)[32]>(cbuf);
+      double dot[32][kPanelRows];
+      for (int t = 0; t < nt; ++t)
+        for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<double>(ib[i][t]);
+      epilogue(a, n0, nr, j0, nt, dot);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bf16 on TDPBF16PS.
+template <class Make>
+void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int smax) {
+  using D = decltype(make_dec(static_cast<const int*>(nullptr)));
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
+  const int nblk = (kend + 31) / 32;                          // 64-byte steps (32 bf16)
+  int nterm = 1;
+  for (int j = 0; j < a.ntok; ++j) {
+    int32_t nt;
+    std::memcpy(&nt, a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride + 8, 4);
+    nterm = nt > nterm ? nt : nterm;
+  }
+  const int ngroups = (a.ntok + 15) / 16;
+  auto* pk = static_cast<uint32_t*>(thread_scratch_buffer(2, static_cast<size_t>(ngroups) * nterm * nblk * 1024));
+  pack_b(a.ntok, nterm, nblk,
+         [&](int s, int j) -> const uint8_t* {
+           const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride;
+           int32_t nt;
+           std::memcpy(&nt, row + 8, 4);
+           return s < nt ? row + l.vals_off + s * l.term_bytes : nullptr;
+         },
+         pk);
+  // Decoded panel: 32 rows of nblk · 32 bf16, the row stride one line more than a multiple of
+  // 4 KiB would be (the 32 rows on different L1 sets).
+  const int64_t ldp = static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0);
+  auto* panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
+  // bf16 weights are read in place while each panel meets at most one group pair (one pass); with
+  // more, a copy in the padded panel (4 KiB row strides put a tile's 16 rows on one L1 set, and
+  // every further pass re-reads the panel: 750 against 1030 GFLOP/s for decoded MXFP4 at 256
+  // tokens, one core, hot).
+  const bool in_place = w.fmt == WeightFormat::BF16 && K % 32 == 0 && ngroups <= 2;
+  TileScope tiles;
+  for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
+    const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
+    if (in_place && n0 + kPanelRows <= w.rows) {
+      const uint8_t* A = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+      const bool more = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows;
+      panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk, more ? A + kPanelRows * w.row_bytes : nullptr);
+      continue;
+    }
+    // The panel's 8 decoders of 4 rows (rows past nr repeat the last one), checked first.
+    alignas(D) unsigned char dec_mem[kPanelRows / kNR][sizeof(D)];
+    D* dec = reinterpret_cast<D*>(dec_mem);
+    Prefetch<kNR> pf[kPanelRows / kNR];
+    bool exact = true;
+    for (int g = 0; g < kPanelRows / kNR; ++g) {
+      int rows[kNR];
+      for (int i = 0; i < kNR; ++i) rows[i] = n0 + (g * kNR + i < nr ? g * kNR + i : nr - 1);
+      if (scale_cols > 0 && !scales_in_window(row_set<kNR>(w, rows, scale_cols), scale_cols, smin, smax)) exact = false;
+      new (&dec[g]) D(make_dec(rows));
+      pf[g] = prefetch_of<kNR>(w, rows[0]);
+    }
+    if (!exact) {  // rare: extreme / NaN block scales, exactly in the avx512bf16 kernels (→ scalar; no tiles)
+      GemmArgs sub = a;
+      sub.row0 = n0;
+      sub.row1 = n0 + nr;
+      gemm_avx512(sub);
+      continue;
+    }
+    auto prep = [&](int b0, int b1) {
+      const int k0 = 32 * b0, k1 = 32 * b1 < kend ? 32 * b1 : kend;  // (kPrepBlocks · 32 is a multiple of every kStep)
+      for (int r = 0; r < kPanelRows; ++r) {
+        const D& d = dec[r / kNR];
+        const int i = r % kNR;
+        uint8_t* dst = panel + r * ldp;
+        for (int k = k0; k < k1; k += D::kStep) {
+          pf[r / kNR].template at<D::kStep>(i, k);
+          __m512i wv[D::kStep / 32];
+          d.load(i, k, wv);
+          for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k + 32 * v), wv[v]);
+        }
+        for (int k = k1 > k0 ? (k1 + 31) / 32 * 32 : k0; k < 32 * b1; k += 32) _mm512_store_si512(dst + 2 * k, _mm512_setzero_si512());
+      }
+    };
+    panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I8 on TDPBSSD.
+void amx_i8(const GemmArgs& a) {
+  const ActLayout& l = *a.layout;
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const int nblk = (K + 63) / 64;  // ≤ k_pad / 64 (codes zero padded)
+  const int ngroups = (a.ntok + 15) / 16;
+  auto* pk = static_cast<uint32_t*>(thread_scratch_buffer(2, static_cast<size_t>(ngroups) * nblk * 1024));
+  pack_b(a.ntok, 1, nblk,
+         [&](int, int j) -> const uint8_t* { return a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride + l.vals_off; }, pk);
+  const int64_t ldp = static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0);
+  uint8_t* panel = nullptr;
+  const bool in_place = K % 64 == 0 && ngroups <= 2;  // (as for bf16 weights)
+  TileScope tiles;
+  for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
+    const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
+    if (in_place && n0 + kPanelRows <= w.rows) {
+      const uint8_t* A = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+      const bool more = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows;
+      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk, more ? A + kPanelRows * w.row_bytes : nullptr);
+      continue;
+    }
+    // Edges: a zero-padded copy (rows past nr repeat the last one).
+    if (panel == nullptr) panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
+    for (int i = 0; i < kPanelRows; ++i) {
+      const uint8_t* src = w.data + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * w.row_bytes;
+      uint8_t* dst = panel + i * ldp;
+      for (int b = 0; b < nblk; ++b)
+        _mm512_store_si512(dst + 64 * b, _mm512_maskz_loadu_epi8(mask64(K - 64 * b), src + 64 * b));
+    }
+    panel_tiles<false>(a, n0, nr, panel, ldp, pk, 1, nblk);
+  }
+}
+
+}  // namespace
+
+void gemm_amx(const GemmArgs& a) {
+  if (a.layout->kind == DotKind::I8 && a.w->fmt == WeightFormat::Int8 && a.ntok >= kAmxI8MinTokens) {
+    amx_i8(a);
+    return;
+  }
+  if (a.layout->kind == DotKind::Bf16 && a.ntok >= kAmxBf16MinTokens) {
+    const bool ok = with_bf16_decoder(*a.w, [&](auto make_dec, int scale_cols, int smin, int smax) {
+      amx_bf16(a, make_dec, scale_cols, smin, smax);
+    });
+    if (ok) return;
+  }
+  gemm_avx512(a);
+}
+
+}  // namespace qmoe::cpu
