@@ -117,14 +117,16 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     if ((isa == Isa::Avx512Bf16 || isa == Isa::Amx) && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }
-  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   if (isa == Isa::Amx && tokens_per_expert >= kAmxBf16Tokens) {
-    // AMX tiles (gemm_amx.cc): every weight format that decodes exactly to bf16 takes TDPBF16PS,
-    // fp32 inputs too (3 terms: the tiles' throughput makes the extra products cheap).
+    // AMX tiles (gemm_amx.cc): every weight format that decodes exactly to bf16 (NVFP4: e2m1 times
+    // its fp8 block scale) takes TDPBF16PS, fp32 inputs too (NVFP4's dequantized activations and
+    // unquantized intermediates in 3 terms: the tiles' throughput makes the extra products cheap).
     const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
-                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
+                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3 ||
+                              (s.weight == WeightFormat::Nvfp4 && tokens_per_expert >= kAmxNvfp4Bf16Tokens);
     if (bf16_weights) return DotKind::Bf16;
   }
+  if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   if (isa == Isa::Avx512Bf16 || isa == Isa::Amx) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as
@@ -308,6 +310,27 @@ void quantize_row_scalar(const QuantRowArgs& a) {
     q.layout = &lf;
     q.dst = tmp.data();
     quantize_row_scalar(q);
+    if (r.kind == ActQuant::Nvfp4) {
+      // e2m1 · fp8(block scale) (exact in bf16: one term), the tensor's 1/global scale as the row
+      // scale, where the F32 kind stores e2m1 · (sb / gs) (rounded in fp32: three terms).
+      float* v = reinterpret_cast<float*>(tmp.data() + lf.vals_off);
+      const float gs = r.static_scale;
+      for (int b = 0; b < k; b += kNvfp4Block) {
+        const int len = std::min(kNvfp4Block, k - b);
+        float amax = 0.0f;
+        for (int i = 0; i < len; ++i) amax = fmaxf(amax, fabsf(x[b + i]));
+        float sc = gs * amax / kFp4Max;
+        sc = fminf(fmaxf(sc, -kFp8E4M3Max), kFp8E4M3Max);
+        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(sc));
+        const float inv = sb == 0.0f ? 0.0f : gs / sb;
+        for (int i = 0; i < len; ++i) {
+          const float qv = fminf(fmaxf(x[b + i] * inv, -kFp4Max), kFp4Max);
+          v[act_value_position(lf, b + i)] = fp4_e2m1_decode(fp4_e2m1_encode(qv)) * sb;
+        }
+      }
+      const float rs = 1.0f / gs;
+      std::memcpy(tmp.data(), &rs, 4);
+    }
     std::memset(dst, 0, static_cast<size_t>(l.stride));
     std::memcpy(dst, tmp.data(), 8);  // row scale, code sum
     split_bf16_terms(l, reinterpret_cast<const float*>(tmp.data() + lf.vals_off), dst);

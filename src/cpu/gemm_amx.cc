@@ -315,8 +315,10 @@ void gemm_amx(const GemmArgs& a) {
     return;
   }
   if (a.layout->kind == DotKind::Bf16 && a.ntok >= kAmxBf16MinTokens) {
-    const bool ok = with_bf16_decoder(*a.w, [&](auto make_dec, int scale_cols, int smin, int smax) {
-      amx_bf16(a, make_dec, scale_cols, smin, smax);
+    WeightView tmp;
+    const GemmArgs b = bf16_args(a, tmp);
+    const bool ok = with_bf16_decoder(*b.w, [&](auto make_dec, int scale_cols, int smin, int smax) {
+      amx_bf16(b, make_dec, scale_cols, smin, smax);
     });
     if (ok) return;
   }

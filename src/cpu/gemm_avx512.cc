@@ -166,12 +166,14 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
 }
 
 template <>
-void gemm_bf16<Avx512>(const GemmArgs& a) {
+void gemm_bf16<Avx512>(const GemmArgs& args) {
+  WeightView tmp;
+  const GemmArgs a = bf16_args(args, tmp);
   const bool ok = with_bf16_decoder(*a.w, [&](auto make_dec, int scale_cols, int smin, int smax) {
     using D = decltype(make_dec(static_cast<const int*>(nullptr)));
     run_bf16<D>(a, make_dec, scale_cols, smin, smax);
   });
-  if (!ok) scalar_kernels().gemm(a);  // not selected by dot_kind_for
+  if (!ok) scalar_kernels().gemm(args);  // not selected by dot_kind_for
 }
 
 template <>

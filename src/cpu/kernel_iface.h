@@ -82,6 +82,9 @@ inline constexpr double kW4a4Bf16Tokens = 8.0;
 // Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
 // (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included.
 inline constexpr double kAmxBf16Tokens = 8.0;
+// NVFP4 W4A4 from 16 (its bf16 decode costs more than MXFP4's: qwen3-30b-a3b, 2 threads, ms
+// Fp4Nv / Bf16: 8 tokens per expert 52, 49 / 63, 56; 16: 76, 75 / 63, 62; bench/RESULTS.md 2026-12-05).
+inline constexpr double kAmxNvfp4Bf16Tokens = 16.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {

@@ -67,7 +67,7 @@ constexpr Tolerance kTolerances[] = {
   {"w_mxfp6_e3m2_a_fp8",              kTight, "bit-identical fp8 quantizers; no flip in the matrix (≤ 2e-8)"},
   {"w_mxfp6_e2m3_a_mxfp6_e2m3",       kTight, "bit-identical fp6 quantizers; no flip in the matrix (0)"},
   {"w_mxfp6_e2m3_a_fp8",              kTight, "bit-identical fp8 quantizers; no flip in the matrix (≤ 2e-8)"},
-  {"nvfp4",                           kTight, "exact block sums, bit-identical NVFP4 quantizers; no flip (≤ 2e-7)"},
+  {"nvfp4",                           kTight, "exact block sums, bit-identical NVFP4 quantizers (amx prefill: exact bf16 products, fp32 sums, 1/gs as row scale); no flip (≤ 2e-7)"},
   {"w_int8_tensor_a_int8_static",     kTight, "exact int32 dots, bit-identical int8 quantizers; no flip (≤ 2e-7)"},
   {"w_int8_tensor_a_int8_dyn_token",  kTight, "exact int32 dots, bit-identical int8 quantizers; no flip (≤ 2e-7)"},
   {"w_int8_channel_a_int8_static",    kTight, "exact int32 dots, bit-identical int8 quantizers; no flip (≤ 2e-7)"},
@@ -120,6 +120,9 @@ std::vector<Case> setups() {
       {"empty_expert_E4K2", 4, 64, 32, 2, 12, Routing::SkipLast, {}, false},
       {"ep_map_E8K2", 8, 64, 32, 2, 9, Routing::Uniform, {0, -1, 1, -1, 2, 3, -1, 4}, false},
       {"router_on_input_K1", 8, 96, 32, 1, 33, Routing::Uniform, {}, true},
+      // 24 tokens per expert: amx's NVFP4 on the Bf16 kind (kAmxNvfp4Bf16Tokens) and tile groups
+      // of 16 + 8 tokens.
+      {"prefill24_E2K2", 2, 128, 64, 2, 24, Routing::Uniform, {}, false},
   };
   if (small_mode()) v.resize(5);
   return v;

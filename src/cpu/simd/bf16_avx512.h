@@ -131,6 +131,37 @@ struct BDecMxfp6 {
   __m512 factor(int i, int k) const { return _mm512_set1_ps(e8[rs.scales[i][k >> 5]]); }
 };
 
+// NVFP4: e2m1 × fp8(block scale) is exact in bf16 (≤ 6 significant bits; 2^-10 .. 2688), so a
+// step's four 16-blocks get two 32-entry tables [e2m1 · f0 | e2m1 · f1], [e2m1 · f2 | e2m1 · f3]
+// (fp32 products, converted exactly) and each code is looked up with vpermt2w. The tensor's
+// weight_scale_2 stays out (the epilogue's tensor scale, bf16_args). NaN scale codes give NaN.
+struct BDecNvfp4 {
+  RowSet<kNR> rs;
+  int K;
+  __m512 e2m1;      // the 16 code values, fp32
+  const float* f8;  // fp8_e4m3_table()
+  static constexpr int kStep = 64, kBytes = 32;
+  void load(int i, int k, __m512i* w) const {
+    const int b = k >> 4, nb = K >> 4;  // first block of the step; blocks in the row
+    const uint8_t* sc = rs.scales[i] + b;
+    const float f0 = f8[sc[0]], f1 = f8[sc[1]], f2 = b + 2 < nb ? f8[sc[2]] : 0.0f, f3 = b + 3 < nb ? f8[sc[3]] : 0.0f;
+    const __m512i ta = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e2m1, _mm512_set1_ps(f1)), _mm512_mul_ps(e2m1, _mm512_set1_ps(f0)));
+    const __m512i tb = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e2m1, _mm512_set1_ps(f3)), _mm512_mul_ps(e2m1, _mm512_set1_ps(f2)));
+    const uint8_t* p = rs.row[i] + (k >> 1);
+    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
+    const __m512i x = _mm512_cvtepu8_epi16(bytes);
+    // words 0–7: block 2g (table a, entries 0–15), 8–15: 2g + 1 (16–31), 16–23: 2g + 2 (table b),
+    // 24–31: 2g + 3
+    const __m512i sel = _mm512_set_epi64(0x0030003000300030ll, 0x0030003000300030ll, 0x0020002000200020ll, 0x0020002000200020ll,
+                                         0x0010001000100010ll, 0x0010001000100010ll, 0, 0);
+    const __m512i lo = _mm512_ternarylogic_epi64(x, _mm512_set1_epi16(0x000F), sel, 0xEA);  // (x & 15) | sel
+    const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(x, 4), sel);
+    w[0] = _mm512_permutex2var_epi16(ta, lo, tb);  // even elements of g | of g+1
+    w[1] = _mm512_permutex2var_epi16(ta, hi, tb);  // odd elements
+  }
+};
+
 // Decoded rows in a per-thread bf16 buffer (experts with more activation rows than one group).
 struct BDecBuf {
   const uint16_t* buf;
@@ -155,6 +186,17 @@ bool scales_in_window(const RowSet<kNR>& rs, int nb, int smin, int smax) {
       if ((_mm512_mask_cmplt_epu8_mask(m, s, lo) | _mm512_mask_cmpgt_epu8_mask(m, s, hi)) != 0) return false;
     }
   return true;
+}
+
+// The GEMM's arguments as the Bf16 kernels' epilogue needs them: NVFP4's weight_scale_2 as the
+// tensor scale (its decoder leaves it out); `tmp` holds the changed view.
+inline GemmArgs bf16_args(const GemmArgs& a, WeightView& tmp) {
+  if (a.w->fmt != WeightFormat::Nvfp4) return a;
+  tmp = *a.w;
+  tmp.tensor_scale = tmp.nv_global;
+  GemmArgs b = a;
+  b.w = &tmp;
+  return b;
 }
 
 // Calls f(make_dec, scale_cols, smin, smax) with the decoder factory of w's format (make_dec(rows)
@@ -185,6 +227,11 @@ bool with_bf16_decoder(const WeightView& w, F&& f) {
       const __mmask32 nzl = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(0x7FFF));
       const __mmask32 nzh = _mm512_test_epi16_mask(hi, _mm512_set1_epi16(0x7FFF));
       f([&](const int* r) { return BDecMxfp6{row_set<kNR>(w, r, K / 32), K, lo, hi, nzl, nzh, e8m0_table()}; }, K / 32, t.smin, t.smax);
+      return true;
+    }
+    case WeightFormat::Nvfp4: {
+      const __m512 e2m1 = Avx512::fp4_base();
+      f([&](const int* r) { return BDecNvfp4{row_set<kNR>(w, r, K / 16), K, e2m1, fp8_e4m3_table()}; }, 0, 0, 0);
       return true;
     }
     case WeightFormat::Fp8E4M3: {

@@ -253,6 +253,7 @@ void quantize_row(const QuantRowArgs& a) {
     case ActQuant::Nvfp4: {
       const float gs = rule.static_scale;
       const bool fp4i = l.kind == DotKind::Fp4Nv;
+      const bool bf16 = l.kind == DotKind::Bf16;  // e2m1 · sb (one bf16 term), 1 / gs as the row scale
       for (int g = 0; g < k; g += 32) {
         load_group<T>(x, g, k, v);
         for (int h = 0; h < 2; ++h) {
@@ -268,7 +269,7 @@ void quantize_row(const QuantRowArgs& a) {
           const float deq = sb / gs;
           for (int j = 0; j < H; ++j) {
             const F q = round_minifloat<T>(clamp<T>(T::mul(b[j], T::set1(inv)), -6.0f, 6.0f), 1, 0, 6.0f);
-            b[j] = fp4i ? T::add(q, q) : T::mul(q, T::set1(deq));
+            b[j] = fp4i ? T::add(q, q) : T::mul(q, T::set1(bf16 ? sb : deq));
           }
           if (fp4i) r.bscales()[g / 16 + h] = deq;
         }
@@ -276,6 +277,7 @@ void quantize_row(const QuantRowArgs& a) {
         else store_f32_group(r, g, v);
       }
       if (fp4i) row_scale = 0.25f;
+      if (bf16) row_scale = 1.0f / gs;
       break;
     }
   }
