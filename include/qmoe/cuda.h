@@ -62,7 +62,7 @@ struct CudaOptions {
   bool fp8_mma = false;
   // With fp8_mma: which e4m3 kernel — 0 gemm_wg_f8_kernel, 1 / 2 the warp-specialised
   // gemm_ws_f8_kernel with one / two weight tiles per CTA; -1 = env QMOE_CUDA_F8 (wg | ws1 | ws2),
-  // else 0. For tests and measurements.
+  // else 2. For tests and measurements.
   int fp8_kernel = -1;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto

@@ -440,12 +440,13 @@ static void check_row_sizes(const CudaExperts::Impl& m) {
                 std::to_string(m.smem_optin) + " bytes per block (H, I ≤ " + std::to_string(m.smem_optin / 4) + ")");
 }
 
-// CudaOptions::fp8_kernel: -1 reads env QMOE_CUDA_F8 (wg | ws1 | ws2; unset: wg).
+// CudaOptions::fp8_kernel: -1 reads env QMOE_CUDA_F8 (wg | ws1 | ws2; unset: ws2).
 static int resolve_fp8_kernel(int k) {
   if (k < -1 || k > 2) throw Error("CUDA experts: fp8_kernel must be -1, 0, 1 or 2, got " + std::to_string(k));
   if (k >= 0) return k;
   const char* v = std::getenv("QMOE_CUDA_F8");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "wg") == 0) return 0;
+  if (v == nullptr || *v == '\0') return 2;
+  if (std::strcmp(v, "wg") == 0) return 0;
   if (std::strcmp(v, "ws1") == 0) return 1;
   if (std::strcmp(v, "ws2") == 0) return 2;
   throw Error(std::string("QMOE_CUDA_F8='") + v + "': expected wg, ws1 or ws2");
@@ -458,9 +459,9 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   m.wf = wfmt_of(s.weight);
   m.wgmma = opt.wgmma && wgmma_available();
   m.fp8_mma = opt.fp8_mma && m.wf == WFmt::FP8 && m.wgmma;
-  // gemm_wg_f8_kernel by default; the warp-specialised form with two weight tiles per CTA measured
-  // 1.2-1.5x it at T = 1024 / 4096 (bench/RESULTS.md, 2026-12-04) but has not yet been through
-  // test_cuda on a device (CudaExperts.Fp8TensorCoreMode runs all three).
+  // The warp-specialised form with two weight tiles per CTA by default: 1.14-1.50x gemm_wg_f8_kernel
+  // at T = 1024 / 4096 (bench/RESULTS.md, 2026-12-04); CudaExperts.Fp8TensorCoreMode (all three
+  // kernels) passed with test_cuda 310 / 310 and under compute-sanitizer memcheck on 2026-12-05.
   m.f8_kernel = resolve_fp8_kernel(opt.fp8_kernel);
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
