@@ -32,10 +32,11 @@ namespace {
 // Tokens of one expert from which a task takes the tiles (below: avx512bf16's row-major kernels,
 // which use each decoded weight for every token in registers). One core, K = 2048, N = 1536,
 // weights cold, µs AMX / avx512bf16: bf16 weights 2 tokens 451 / 724, 8 tokens 571 / 1727; MXFP4
-// weights and activations 2 tokens 321 / 234, 4 tokens 332 / 369, 8 tokens 346 / 726; INT8 4
-// tokens 369 / 264, 8 tokens 257 / 429 (bench/RESULTS.md, 2026-12-05).
+// weights and activations 2 tokens 321 / 234, 4 tokens 332 / 369, 8 tokens 346 / 726; INT8 (with
+// the prefetch sweep) 2 tokens 260, 242 / 237, 243, 4 tokens 249, 250 / 269, 348, 6 tokens 254,
+// 248 / 295, 375 (bench/RESULTS.md, 2026-12-05).
 constexpr int kAmxBf16MinTokens = 4;
-constexpr int kAmxI8MinTokens = 8;
+constexpr int kAmxI8MinTokens = 4;
 constexpr int kPanelRows = 32;  // weight rows per panel: two A tiles
 
 struct alignas(64) TileConfig {
