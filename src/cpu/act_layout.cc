@@ -296,6 +296,23 @@ void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row) {
   }
 }
 
+namespace {
+
+// nvfp4_qdq_block (formats.h) keeping the code and the scale apart: the block's e2m1 values
+// e2m1[0..n) and its fp8 scale sb (the dequantized value is e2m1 · (sb / gs)).
+float nvfp4_block_codes(const float* x, int n, float gs, float* e2m1) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  float s = gs * amax / kFp4Max;
+  s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
+  const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
+  const float inv = sb == 0.0f ? 0.0f : gs / sb;
+  for (int i = 0; i < n; ++i) e2m1[i] = fp4_e2m1_decode(fp4_e2m1_encode(fminf(fmaxf(x[i] * inv, -kFp4Max), kFp4Max)));
+  return sb;
+}
+
+}  // namespace
+
 void quantize_row_scalar(const QuantRowArgs& a) {
   const ActLayout& l = *a.layout;
   const ref::ActQuantRule& r = *a.rule;
@@ -309,27 +326,22 @@ void quantize_row_scalar(const QuantRowArgs& a) {
     QuantRowArgs q = a;
     q.layout = &lf;
     q.dst = tmp.data();
-    quantize_row_scalar(q);
     if (r.kind == ActQuant::Nvfp4) {
       // e2m1 · fp8(block scale) (exact in bf16: one term), the tensor's 1/global scale as the row
       // scale, where the F32 kind stores e2m1 · (sb / gs) (rounded in fp32: three terms).
+      std::memset(tmp.data(), 0, tmp.size());
       float* v = reinterpret_cast<float*>(tmp.data() + lf.vals_off);
       const float gs = r.static_scale;
       for (int b = 0; b < k; b += kNvfp4Block) {
         const int len = std::min(kNvfp4Block, k - b);
-        float amax = 0.0f;
-        for (int i = 0; i < len; ++i) amax = fmaxf(amax, fabsf(x[b + i]));
-        float sc = gs * amax / kFp4Max;
-        sc = fminf(fmaxf(sc, -kFp8E4M3Max), kFp8E4M3Max);
-        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(sc));
-        const float inv = sb == 0.0f ? 0.0f : gs / sb;
-        for (int i = 0; i < len; ++i) {
-          const float qv = fminf(fmaxf(x[b + i] * inv, -kFp4Max), kFp4Max);
-          v[act_value_position(lf, b + i)] = fp4_e2m1_decode(fp4_e2m1_encode(qv)) * sb;
-        }
+        float e2m1[kNvfp4Block];
+        const float sb = nvfp4_block_codes(x + b, len, gs, e2m1);
+        for (int i = 0; i < len; ++i) v[act_value_position(lf, b + i)] = e2m1[i] * sb;
       }
       const float rs = 1.0f / gs;
       std::memcpy(tmp.data(), &rs, 4);
+    } else {
+      quantize_row_scalar(q);
     }
     std::memset(dst, 0, static_cast<size_t>(l.stride));
     std::memcpy(dst, tmp.data(), 8);  // row scale, code sum
@@ -427,20 +439,10 @@ void quantize_row_scalar(const QuantRowArgs& a) {
       float* bs = reinterpret_cast<float*>(dst + l.scales_off);
       const float gs = r.static_scale;
       for (int b = 0; b < l.nblocks; ++b) {
-        const float* xb = x + b * kNvfp4Block;
-        // nvfp4_qdq_block, keeping the code and the dequantization factor apart.
-        float amax = 0.0f;
-        for (int i = 0; i < kNvfp4Block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
-        float s = gs * amax / kFp4Max;
-        s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
-        const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
-        const float inv = sb == 0.0f ? 0.0f : gs / sb;
+        float e2m1[kNvfp4Block];
+        const float sb = nvfp4_block_codes(x + b * kNvfp4Block, kNvfp4Block, gs, e2m1);
         bs[b] = sb / gs;
-        for (int i = 0; i < kNvfp4Block; ++i) {
-          float q = xb[i] * inv;
-          q = fminf(fmaxf(q, -kFp4Max), kFp4Max);
-          v[act_value_position(l, b * kNvfp4Block + i)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(fp4_e2m1_encode(q)));
-        }
+        for (int i = 0; i < kNvfp4Block; ++i) v[act_value_position(l, b * kNvfp4Block + i)] = static_cast<int8_t>(2.0f * e2m1[i]);
       }
       row_scale = 0.25f;
       break;

@@ -18,7 +18,7 @@
 // Linux grants tile data per process (isa.cc asks); the tile configuration is loaded at the start of
 // each AMX task and released at its end, so nothing else in the thread sees our tiles.
 #include <immintrin.h>
-#include <new>
+
 #include <type_traits>
 
 #include "cpu/simd/avx512.h"
@@ -110,12 +110,26 @@ void pack_b(int ntok, int nsets, int nblk, Src src, uint32_t* dst) {
     }
 }
 
-// C tiles → dot[t][i] (token t, weight row i) for the group pair's tokens, then the epilogue.
-template <class Dot>
-void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, float (*cbuf)[32]) {
+// Tile C += A · B, bf16 (TDPBF16PS) or int8 (TDPBSSD). A macro: GCC's tile intrinsics paste their
+// tile numbers into inline assembly, so they take literal tokens, not template parameters.
+#define QMOE_TILE_DOT(kBf16, C, A, B) \
+  do {                                \
+    if constexpr (kBf16)              \
+      _tile_dpbf16ps(C, A, B);        \
+    else                              \
+      _tile_dpbssd(C, A, B);          \
+  } while (0)
+
+// The C tiles of a group pair (stored [weight row][token]: fp32 sums, or exact int32 ones) →
+// dot[t][i] (token t, weight row i), then the epilogue.
+template <bool kBf16>
+void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* cbuf) {
+  using Sum = std::conditional_t<kBf16, float, int32_t>;
+  using Dot = std::conditional_t<kBf16, float, double>;
+  const auto* c = static_cast<const Sum(*)[32]>(cbuf);
   Dot dot[32][kPanelRows];
   for (int t = 0; t < nt; ++t)
-    for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<Dot>(cbuf[i][t]);
+    for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<Dot>(c[i][t]);
   epilogue(a, n0, nr, j0, nt, dot);
 }
 
@@ -136,7 +150,7 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
                  const uint8_t* next = nullptr, Prep prep = {}) {
   const int64_t pf_step = next ? (kPanelRows * lda / nblk + 63) / 64 * 64 : 0;  // bytes per step
   const int ngroups = (a.ntok + 15) / 16;
-  alignas(64) float cbuf[kPanelRows][32];
+  alignas(64) uint32_t cbuf[kPanelRows][32];  // fp32 or int32 sums
   for (int g0 = 0; g0 < ngroups; g0 += 2) {
     const bool two = g0 + 1 < ngroups;
     _tile_zero(0);
@@ -153,22 +167,12 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
       for (int s = 0; s < nsets; ++s) {
         const uint32_t* b0 = pk + ((static_cast<int64_t>(g0) * nsets + s) * nblk + b) * 256;
         _tile_loadd(6, b0, 64);
-        if constexpr (kBf16) {
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(2, 5, 6);
-        } else {
-          _tile_dpbssd(0, 4, 6);
-          _tile_dpbssd(2, 5, 6);
-        }
+        QMOE_TILE_DOT(kBf16, 0, 4, 6);
+        QMOE_TILE_DOT(kBf16, 2, 5, 6);
         if (two) {
           _tile_loadd(7, b0 + static_cast<int64_t>(nsets) * nblk * 256, 64);
-          if constexpr (kBf16) {
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(3, 5, 7);
-          } else {
-            _tile_dpbssd(1, 4, 7);
-            _tile_dpbssd(3, 5, 7);
-          }
+          QMOE_TILE_DOT(kBf16, 1, 4, 7);
+          QMOE_TILE_DOT(kBf16, 3, 5, 7);
         }
       }
     }
@@ -177,18 +181,33 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
     _tile_stored(2, &cbuf[16][0], 128);
     _tile_stored(3, &cbuf[16][16], 128);
     const int j0 = g0 * 16;
-    const int nt = a.ntok - j0 < 32 ? a.ntok - j0 : 32;
-    if constexpr (kBf16) {
-      emit_tiles<float>(a, n0, nr, j0, nt, cbuf);
-    } else {
-      // int32 sums (exact) in the same bits.
-      int32_t (*ib)[32] = reinterpret_cast<int32_t (*)[32]>(cbuf);
-      double dot[32][kPanelRows];
-      for (int t = 0; t < nt; ++t)
-        for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<double>(ib[i][t]);
-      epilogue(a, n0, nr, j0, nt, dot);
-    }
+    emit_tiles<kBf16>(a, n0, nr, j0, a.ntok - j0 < 32 ? a.ntok - j0 : 32, cbuf);
   }
+}
+#undef QMOE_TILE_DOT
+
+// Row stride of a copied / decoded panel of nblk 64-byte blocks: one line more than a multiple of
+// 4 KiB would be (the 32 rows on different L1 sets).
+inline int64_t panel_stride(int nblk) { return static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0); }
+
+// Weights read in place: the panel at row n0 when it lies inside the matrix (else null: the edge
+// goes through a copy), and in `next` the following panel of the task for the prefetch sweep.
+// Only while each panel meets at most one token-group pair (one pass): with more, a padded copy
+// (4 KiB row strides put a tile's 16 rows on one L1 set, and every further pass re-reads the
+// panel: 750 against 1030 GFLOP/s for decoded MXFP4 at 256 tokens, one core, hot).
+inline const uint8_t* in_place_panel(const GemmArgs& a, int n0, const uint8_t*& next) {
+  const WeightView& w = *a.w;
+  if (n0 + kPanelRows > w.rows) return nullptr;
+  const uint8_t* p = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+  next = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows ? p + kPanelRows * w.row_bytes : nullptr;
+  return p;
+}
+
+// Terms in use of an activation row of the Bf16 kind (ActLayout header).
+inline int32_t term_count(const uint8_t* row) {
+  int32_t nt;
+  std::memcpy(&nt, row + 8, 4);
+  return nt;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,52 +218,37 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   const ActLayout& l = *a.layout;
   const WeightView& w = *a.w;
   const int K = w.cols;
+  static_assert(D::kStep % 32 == 0 && (32 * kPrepBlocks) % D::kStep == 0);
   const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
-  const int nblk = (kend + 31) / 32;                          // 64-byte steps (32 bf16)
+  const int nblk = kend / 32;                                 // 64-byte steps (32 bf16)
+  const auto act_row = [&](int j) { return a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride; };
   int nterm = 1;
-  for (int j = 0; j < a.ntok; ++j) {
-    int32_t nt;
-    std::memcpy(&nt, a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride + 8, 4);
-    nterm = nt > nterm ? nt : nterm;
-  }
+  for (int j = 0; j < a.ntok; ++j) nterm = term_count(act_row(j)) > nterm ? term_count(act_row(j)) : nterm;
   const int ngroups = (a.ntok + 15) / 16;
   auto* pk = static_cast<uint32_t*>(thread_scratch_buffer(2, static_cast<size_t>(ngroups) * nterm * nblk * 1024));
   pack_b(a.ntok, nterm, nblk,
-         [&](int s, int j) -> const uint8_t* {
-           const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride;
-           int32_t nt;
-           std::memcpy(&nt, row + 8, 4);
-           return s < nt ? row + l.vals_off + s * l.term_bytes : nullptr;
-         },
+         [&](int s, int j) -> const uint8_t* { return s < term_count(act_row(j)) ? act_row(j) + l.vals_off + s * l.term_bytes : nullptr; },
          pk);
-  // Decoded panel: 32 rows of nblk · 32 bf16, the row stride one line more than a multiple of
-  // 4 KiB would be (the 32 rows on different L1 sets).
-  const int64_t ldp = static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0);
+  const int64_t ldp = panel_stride(nblk);
   auto* panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
-  // bf16 weights are read in place while each panel meets at most one group pair (one pass); with
-  // more, a copy in the padded panel (4 KiB row strides put a tile's 16 rows on one L1 set, and
-  // every further pass re-reads the panel: 750 against 1030 GFLOP/s for decoded MXFP4 at 256
-  // tokens, one core, hot).
   const bool in_place = w.fmt == WeightFormat::BF16 && K % 32 == 0 && ngroups <= 2;
   TileScope tiles;
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
     const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
-    if (in_place && n0 + kPanelRows <= w.rows) {
-      const uint8_t* A = w.data + static_cast<int64_t>(n0) * w.row_bytes;
-      const bool more = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows;
-      panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk, more ? A + kPanelRows * w.row_bytes : nullptr);
+    const uint8_t* next = nullptr;
+    if (const uint8_t* A = in_place ? in_place_panel(a, n0, next) : nullptr) {
+      panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk, next);
       continue;
     }
-    // The panel's 8 decoders of 4 rows (rows past nr repeat the last one), checked first.
-    alignas(D) unsigned char dec_mem[kPanelRows / kNR][sizeof(D)];
-    D* dec = reinterpret_cast<D*>(dec_mem);
+    // The panel's 8 decoders of 4 rows (rows past nr repeat the last one), their scales checked.
+    D dec[kPanelRows / kNR];
     Prefetch<kNR> pf[kPanelRows / kNR];
     bool exact = true;
     for (int g = 0; g < kPanelRows / kNR; ++g) {
       int rows[kNR];
       for (int i = 0; i < kNR; ++i) rows[i] = n0 + (g * kNR + i < nr ? g * kNR + i : nr - 1);
       if (scale_cols > 0 && !scales_in_window(row_set<kNR>(w, rows, scale_cols), scale_cols, smin, smax)) exact = false;
-      new (&dec[g]) D(make_dec(rows));
+      dec[g] = make_dec(rows);
       pf[g] = prefetch_of<kNR>(w, rows[0]);
     }
     if (!exact) {  // rare: extreme / NaN block scales, exactly in the avx512bf16 kernels (→ scalar; no tiles)
@@ -254,19 +258,17 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       gemm_avx512(sub);
       continue;
     }
-    auto prep = [&](int b0, int b1) {
-      const int k0 = 32 * b0, k1 = 32 * b1 < kend ? 32 * b1 : kend;  // (kPrepBlocks · 32 is a multiple of every kStep)
+    auto prep = [&](int b0, int b1) {  // (kend = 32 · nblk: whole decoder steps, no tail)
       for (int r = 0; r < kPanelRows; ++r) {
         const D& d = dec[r / kNR];
         const int i = r % kNR;
         uint8_t* dst = panel + r * ldp;
-        for (int k = k0; k < k1; k += D::kStep) {
+        for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
           pf[r / kNR].template at<D::kStep>(i, k);
           __m512i wv[D::kStep / 32];
           d.load(i, k, wv);
           for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k + 32 * v), wv[v]);
         }
-        for (int k = k1 > k0 ? (k1 + 31) / 32 * 32 : k0; k < 32 * b1; k += 32) _mm512_store_si512(dst + 2 * k, _mm512_setzero_si512());
       }
     };
     panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep);
@@ -284,16 +286,15 @@ void amx_i8(const GemmArgs& a) {
   auto* pk = static_cast<uint32_t*>(thread_scratch_buffer(2, static_cast<size_t>(ngroups) * nblk * 1024));
   pack_b(a.ntok, 1, nblk,
          [&](int, int j) -> const uint8_t* { return a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride + l.vals_off; }, pk);
-  const int64_t ldp = static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0);
+  const int64_t ldp = panel_stride(nblk);
   uint8_t* panel = nullptr;
-  const bool in_place = K % 64 == 0 && ngroups <= 2;  // (as for bf16 weights)
+  const bool in_place = K % 64 == 0 && ngroups <= 2;
   TileScope tiles;
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
     const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
-    if (in_place && n0 + kPanelRows <= w.rows) {
-      const uint8_t* A = w.data + static_cast<int64_t>(n0) * w.row_bytes;
-      const bool more = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows;
-      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk, more ? A + kPanelRows * w.row_bytes : nullptr);
+    const uint8_t* next = nullptr;
+    if (const uint8_t* A = in_place ? in_place_panel(a, n0, next) : nullptr) {
+      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk, next);
       continue;
     }
     // Edges: a zero-padded copy (rows past nr repeat the last one).
