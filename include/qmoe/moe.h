@@ -74,6 +74,11 @@ struct MoELayerOptions {
   LoadOptions load;
   Kernel kernel = Kernel::Optimized;
   int threads = 0;            // ≤ 0: all cores
+  // Optimized CPU kernel, schemes that leave activations unquantized (unquantized, weight-only):
+  // round the GEMM1 input and the intermediate to bf16 once (vLLM's precision, rel-L2 ~1e-3) —
+  // fewer bf16 products per weight than the default fp32-accurate activations. The CPU
+  // counterpart of cuda::CudaOptions::bf16_activations; quantized activations are unchanged.
+  bool bf16_activations = false;
   ExpertsRunner runner;       // when set, run() computes the experts with it instead of the CPU kernels
   // from_checkpoint: called on the loaded routed experts before processing (qmoe::dist uses it to
   // reduce static activation scales over every EP rank's experts).

@@ -134,14 +134,15 @@ Plan resolve(const Options& o) {
       continue;
     }
     SchemeEntry e = parse_scheme_entry(n);
-    if (o.device == "cpu" && e.has_suffix())
-      throw Error(fmt::format("--scheme '{}': the +suffixes select CUDA variants (--device cuda)", n));
+    if (o.device == "cpu" && (e.x_bf16 || e.route || e.no_wgmma || e.fp8_mma || e.token_tile != 0 || e.ksplit != 0))
+      throw Error(fmt::format("--scheme '{}': on the CPU only +bf16act applies (the other +suffixes select CUDA "
+                              "variants: --device cuda)", n));
     p.schemes.push_back(e);
   }
   if (p.shapes.empty() || p.schemes.empty() || p.tokens.empty())
     throw Error("need at least one --shape, --scheme and --tokens value");
-  if (o.device == "cpu" && (o.copies != 0 || o.bf16_act || o.token_tile != 0))
-    throw Error("--copies, --bf16-act and --token-tile are CUDA options (--device cuda)");
+  if (o.device == "cpu" && (o.copies != 0 || o.token_tile != 0))
+    throw Error("--copies and --token-tile are CUDA options (--device cuda)");
   for (const Shape* sh : p.shapes) {
     const int E = o.experts > 0 ? o.experts : sh->E;
     if (E < sh->K) throw Error(fmt::format("--experts {} is smaller than top-k {} of {}", E, sh->K, sh->name));

@@ -37,7 +37,9 @@ const Shape& shape_by_name(const std::string& name);  // qmoe::Error listing the
 inline constexpr const char* kStandardShapes = "mixtral-8x7b,deepseek-v3,qwen3-30b-a3b,gpt-oss-120b";
 
 // One --scheme entry: a registry scheme plus CUDA variant suffixes, in any order:
-//   +bf16act  CudaOptions::bf16_activations      +xbf16  hidden states in bf16
+//   +bf16act  CudaOptions::bf16_activations (CPU: OptimizedOptions::bf16_activations; the only
+//             suffix the CPU takes — its hidden states are bf16 values already)
+//   +xbf16    hidden states in bf16
 //   +route    device routing in the timed graph   +nowg   no wgmma (mma.sync for every tile)
 //   +tileN    CudaOptions::token_tile = N        +ksN    CudaOptions::ksplit = N (both GEMMs)
 //   +f8mma    CudaOptions::fp8_mma (FP8 W8A8 on the e4m3 tensor cores)
@@ -67,9 +69,9 @@ struct Options {
   double max_weight_gb = 0;        // 0: the device's default (CPU 8, CUDA 40)
   uint64_t seed = 1;
   double peak_tflops = 0;          // > 0: the compute peak for the floor (CPU has none otherwise)
+  bool bf16_act = false;           // every entry +bf16act
   // CUDA only
   int copies = 0;                  // weight copies per graph (0: enough to touch ≥ 256 MB and 4 × L2)
-  bool bf16_act = false;           // every entry +bf16act
   int token_tile = 0;
   bool anchor = true;              // the cuBLAS bf16 grouped-GEMM anchor per point
   double probe_gib = 4.0;          // read-bandwidth probe buffer (≥ 4 GiB on CUDA)

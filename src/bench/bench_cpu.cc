@@ -120,7 +120,11 @@ Report run_cpu(const Plan& plan) {
           cpu::flush_caches(flush_bytes);
           const auto t0 = std::chrono::steady_clock::now();
           if (o.kernel == "reference") experts_reference(a);
-          else experts_optimized(a, threads);
+          else {
+            cpu::OptimizedOptions oo;
+            oo.bf16_activations = o.bf16_act || entry.bf16_act;
+            cpu::experts_optimized_with(a, threads, oo);
+          }
           const double dt = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
           if (r < warm) continue;
           std::set<int32_t> u(ids.begin(), ids.end());

@@ -168,6 +168,7 @@ struct Call {
   const std::vector<WeightView>* v13 = nullptr;  // per local expert (Scratch::v13 / v2)
   const std::vector<WeightView>* v2 = nullptr;
   float scale1 = 0.0f;  // Fp8DynTensor GEMM1 input scale
+  bool round1 = false, round2 = false;  // OptimizedOptions::bf16_activations for an unquantized input
   ActParams act;
 };
 
@@ -253,10 +254,12 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
     small_loop(nt, static_cast<int64_t>(nt) * H, [&](int64_t i) {
       const int t = t0 + static_cast<int>(i);
       const float* x = a.x + static_cast<int64_t>(t) * H;
-      if (a.router_weight_on_input) {
+      if (a.router_weight_on_input || c.round1) {
         tmp.resize(static_cast<size_t>(H));
-        const float w = a.topk_weights[t];
+        const float w = a.router_weight_on_input ? a.topk_weights[t] : 1.0f;
         for (int h = 0; h < H; ++h) tmp[static_cast<size_t>(h)] = x[h] * w;
+        if (c.round1)
+          for (float& v : tmp) v = bf16_round(v);
         x = tmp.data();
       }
       QuantRowArgs q{&c.rule1, &c.L1, c.scale1, x, act1 + i * c.L1.stride};
@@ -305,6 +308,8 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
     }
     // C2: intermediate quantization, once per slot.
     small_loop(P, static_cast<int64_t>(P) * I, [&](int64_t pos) {
+      if (c.round2)
+        for (float* v = z + pos * I; v < z + (pos + 1) * I; ++v) *v = bf16_round(*v);
       QuantRowArgs q{&c.rule2, &c.L2, sc2, z + pos * I, act2 + pos * c.L2.stride};
       kt.quantize_row(q);
     });
@@ -393,6 +398,8 @@ void experts_optimized_with(const ExpertsArgs& a, int threads, const OptimizedOp
   c.act = act_params_of(p.act);
   c.rule1 = ref::gemm1_act_rule(p);
   c.rule2 = ref::gemm2_act_rule(p);
+  c.round1 = opt.bf16_activations && c.rule1.kind == ActQuant::None;
+  c.round2 = opt.bf16_activations && c.rule2.kind == ActQuant::None;
   const DType ustore = p.w13_weight.dtype() == p.w2_weight.dtype() ? p.w13_weight.dtype() : DType::F32;
   const double tpe = static_cast<double>(std::min(a.T, chunk)) * a.K / p.num_local;
   c.L1 = make_act_layout(dot_kind_for(*p.scheme, isa, 1, ustore, tpe), p.scheme->weight, c.H);

@@ -15,6 +15,11 @@ struct OptimizedOptions {
   // Tokens per chunk: scratch is O(chunk_tokens · K · (2I + I + H)); each chunk streams every
   // expert's weights once. 0: as many as kChunkScratchBytes of scratch hold, at least 256.
   int chunk_tokens = 0;
+  // Schemes that leave activations unquantized (unquantized, weight-only): round the GEMM1 input
+  // and the intermediate to bf16 once (vLLM's precision, rel-L2 ~1e-3; CudaOptions::
+  // bf16_activations on the GPU) instead of carrying fp32 values (up to 3 bf16 terms on the Bf16
+  // kind). Schemes that quantize activations are unchanged.
+  bool bf16_activations = false;
 };
 
 inline constexpr int64_t kChunkScratchBytes = int64_t{128} << 20;

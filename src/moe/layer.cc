@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/experts_optimized.h"
 #include "cpu/ref/ref_ops.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
@@ -139,8 +140,11 @@ void MoELayer::dispatch(const ExpertsArgs& a) const {
     opt_.runner(a);
   else if (opt_.kernel == Kernel::Reference)
     experts_reference(a);
-  else
-    experts_optimized(a, opt_.threads);
+  else {
+    cpu::OptimizedOptions o;
+    o.bf16_activations = opt_.bf16_activations;
+    cpu::experts_optimized_with(a, opt_.threads, o);
+  }
 }
 
 void MoELayer::run_routed(const float* x, int T, const int32_t* topk_ids, const float* topk_weights,

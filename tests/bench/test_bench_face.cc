@@ -122,8 +122,13 @@ TEST(BenchOptions, Resolve) {
   o.schemes = "all";
   EXPECT_EQ(resolve(o).schemes.size(), all_schemes().size());
 
+  o.schemes = "w_mxfp4+bf16act";  // the one suffix the CPU takes
+  EXPECT_TRUE(resolve(o).schemes[0].bf16_act);
+  for (const char* s : {"w_mxfp4+xbf16", "w_mxfp4+route", "w_mxfp4+nowg", "w_fp8_tensor_a_fp8_static+f8mma", "w_mxfp4+tile16", "w_mxfp4+ks2"}) {
+    o.schemes = s;
+    EXPECT_THROW(resolve(o), Error) << s;  // CUDA variants
+  }
   o.schemes = "w_mxfp4+bf16act";
-  EXPECT_THROW(resolve(o), Error);  // suffixes are CUDA variants
   o.device = "cuda";
   p = resolve(o);
   EXPECT_TRUE(p.schemes[0].bf16_act);

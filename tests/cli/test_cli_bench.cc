@@ -88,9 +88,9 @@ TEST(CliBench, CudaDeviceWithoutCudaIsAClearError) {
 }
 
 TEST(CliBench, OptionErrorsBeforeAnyWork) {
-  Out r = run_bench("--device cpu --shape tiny --scheme w_mxfp4+bf16act --tokens 1");
+  Out r = run_bench("--device cpu --shape tiny --scheme w_mxfp4+xbf16 --tokens 1");
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.err.find("CUDA variants"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("on the CPU only +bf16act applies"), std::string::npos) << r.err;
   r = run_bench("--device gpu --shape tiny --tokens 1");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("expected cpu or cuda"), std::string::npos) << r.err;

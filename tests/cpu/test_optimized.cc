@@ -218,6 +218,49 @@ TEST(Optimized, DetectsPerturbations) {
   EXPECT_LE(perturbed([](ExpertParams&) {}), kTight);
 }
 
+// OptimizedOptions::bf16_activations: schemes with unquantized activations round the GEMM1 input
+// and the intermediate to bf16 once (vLLM's precision class); the others are unchanged bit for bit.
+// Tolerance: one bf16 rounding (2^-9 relative) of each input and intermediate element, carried
+// through two GEMMs: rel-L2 ~1e-3 at these sizes; 1e-2 as for CUDA's bf16_activations (kBf16 there).
+constexpr double kBf16Act = 1e-2;
+TEST(Optimized, Bf16Activations) {
+  for (const char* name : {"unquantized", "w_mxfp4", "w_mxfp6_e2m3", "w_fp8_channel_a_fp8_dyn_token", "w_mxfp4_a_mxfp4", "nvfp4"}) {
+    const SchemeInfo& s = *find_scheme(name);
+    const bool applies = s.act == ActQuant::None;
+    for (const Case& st : {Case{"T1_E4K2", 4, 64, 32, 2, 1, Routing::Uniform, {}, false},
+                           Case{"prefill24_E2K2", 2, 128, 64, 2, 24, Routing::Uniform, {}, false}}) {
+      const Problem pr = make_problem(s, "silu", st, 4242);
+      Problem rounded = pr;
+      for (float& v : rounded.x) v = bf16_round(v);
+      std::vector<float> ref(pr.x.size(), 0.0f);
+      experts_reference(args_of(rounded, false, ref.data()));
+      for (Isa isa : test_isas()) {
+        const std::string where = fmt::format("{} setup={} isa={}", name, st.name, isa_name(isa));
+        OptimizedOptions opt;
+        opt.isa = isa;
+        std::vector<float> exact(pr.x.size(), 0.0f), fast(pr.x.size(), 0.0f), fast3(pr.x.size(), 0.0f);
+        experts_optimized_with(args_of(rounded, false, exact.data()), 1, opt);
+        opt.bf16_activations = true;
+        experts_optimized_with(args_of(pr, false, fast.data()), 1, opt);
+        experts_optimized_with(args_of(pr, false, fast3.data()), 3, opt);
+        EXPECT_EQ(0, std::memcmp(fast.data(), fast3.data(), fast.size() * sizeof(float))) << where;
+        if (!applies) {  // quantized activations: the option changes nothing (x itself is not rounded)
+          std::vector<float> plain(pr.x.size(), 0.0f);
+          opt.bf16_activations = false;
+          experts_optimized_with(args_of(pr, false, plain.data()), 1, opt);
+          EXPECT_EQ(0, std::memcmp(fast.data(), plain.data(), fast.size() * sizeof(float))) << where;
+          continue;
+        }
+        const double r = rel_l2(fast, ref);
+        EXPECT_LE(r, kBf16Act) << where;
+        // The intermediate was rounded: not the fp32-accurate result on the same (bf16) input.
+        EXPECT_GT(rel_l2(fast, exact), 1e-6) << where;
+        EXPECT_LE(rel_l2(exact, ref), kTight) << where;
+      }
+    }
+  }
+}
+
 // out is accumulated into, like the reference.
 TEST(Optimized, AccumulatesIntoOut) {
   const Case st{"acc", 4, 64, 32, 2, 3, Routing::Uniform, {}, false};

@@ -30,7 +30,7 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--scheme,--schemes", opt->schemes,
                   "Schemes, comma separated (names or aliases of `qmoe schemes`; all: every scheme). CUDA variants: "
-                  "+bf16act, +xbf16, +route, +nowg, +f8mma, +tileN, +ksN suffixes")
+                  "+bf16act (CPU and CUDA), +xbf16, +route, +nowg, +f8mma, +tileN, +ksN suffixes")
       ->capture_default_str();
   sub->add_option("--tokens", opt->tokens, "Token counts, comma separated")->capture_default_str();
   sub->add_option("--threads", opt->threads, "CPU threads (0: all cores)")->capture_default_str();
@@ -48,7 +48,7 @@ void register_bench(CLI::App& app) {
   sub->add_option("--peak-tflops", opt->peak_tflops,
                   "Compute peak for the floor (CUDA default: 790 / 1580 per scheme; CPU: none)");
   sub->add_option("--copies", opt->copies, "CUDA: weight copies per graph (0: enough to touch >= 256 MB and 4 x L2)");
-  sub->add_flag("--bf16-act", opt->bf16_act, "CUDA: every scheme with +bf16act");
+  sub->add_flag("--bf16-act", opt->bf16_act, "Every scheme with +bf16act (activations and intermediate rounded to bf16 once; CPU and CUDA)");
   sub->add_option("--token-tile", opt->token_tile, "CUDA: tokens per GEMM tile (8, 16, 32, 64, 128; 0: auto)");
   sub->add_flag("--no-anchor{false}", opt->anchor, "CUDA: skip the cuBLAS bf16 grouped-GEMM anchor");
   sub->add_option("--probe-gib", opt->probe_gib, "CUDA: read-bandwidth probe size in GiB (>= 4)")->capture_default_str();
