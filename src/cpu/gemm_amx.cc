@@ -19,6 +19,7 @@
 // each AMX task and released at its end, so nothing else in the thread sees our tiles.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cpu/simd/avx512.h"
@@ -140,12 +141,15 @@ void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* c
 // step (the tile loads' 32 row streams are more than the hardware prefetchers follow).
 // prep(b0, b1): fills blocks [b0, b1) of A (a decoded panel) just before the first group pair
 // uses them, kPrepBlocks at a time, so a decoded chunk (32 rows × 256 bf16 = 16 KB) is still in
-// L1 when the tiles load it.
-constexpr int kPrepBlocks = 8;
+// L1 when the tiles load it. kWrap: block b lives at A + 64 · (b & kWrap); with one pass (≤ 32
+// tokens) A is a ring of kPrepBlocks blocks that every chunk overwrites, so the decoder's stores
+// and the tile loads stay in L1 (a whole decoded panel, 32 rows × K, is 64–180 KB: past L1, the
+// stores missed and the tiles loaded from L2).
+constexpr int kPrepBlocks = 8;  // a power of two (the ring's index mask)
 struct NoPrep {
   void operator()(int, int) const {}
 };
-template <bool kBf16, class Prep = NoPrep>
+template <bool kBf16, class Prep = NoPrep, int kWrap = -1>
 void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
                  const uint8_t* next = nullptr, Prep prep = {}) {
   const int64_t pf_step = next ? (kPanelRows * lda / nblk + 63) / 64 * 64 : 0;  // bytes per step
@@ -162,8 +166,9 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
         if (g0 == 0 && b % kPrepBlocks == 0) prep(b, b + kPrepBlocks < nblk ? b + kPrepBlocks : nblk);
       if (g0 == 0 && next)
         for (int64_t off = 0; off < pf_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + b * pf_step + off), _MM_HINT_T1);
-      _tile_loadd(4, A + 64 * b, lda);
-      _tile_loadd(5, A + 16 * lda + 64 * b, lda);
+      const uint8_t* Ab = A + 64 * (b & kWrap);
+      _tile_loadd(4, Ab, lda);
+      _tile_loadd(5, Ab + 16 * lda, lda);
       for (int s = 0; s < nsets; ++s) {
         const uint32_t* b0 = pk + ((static_cast<int64_t>(g0) * nsets + s) * nblk + b) * 256;
         _tile_loadd(6, b0, 64);
@@ -229,7 +234,10 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   pack_b(a.ntok, nterm, nblk,
          [&](int s, int j) -> const uint8_t* { return s < term_count(act_row(j)) ? act_row(j) + l.vals_off + s * l.term_bytes : nullptr; },
          pk);
-  const int64_t ldp = panel_stride(nblk);
+  // One pass over each panel (≤ 2 token groups): the decoded blocks go through a ring of
+  // kPrepBlocks; more passes re-read the whole decoded panel.
+  const bool ring = ngroups <= 2;
+  const int64_t ldp = panel_stride(ring ? kPrepBlocks : nblk);
   auto* panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
   const bool in_place = w.fmt == WeightFormat::BF16 && K % 32 == 0 && ngroups <= 2;
   TileScope tiles;
@@ -240,7 +248,12 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk, next);
       continue;
     }
-    // The panel's 8 decoders of 4 rows (rows past nr repeat the last one), their scales checked.
+    // The panel's 8 groups of 4 rows (rows past nr repeat the last one), their scales checked.
+    // With one pass (ring): a decoder per row and chunk, its row in slot 0 (load(0, ·) keeps the
+    // row's pointers in registers, not in an indexed array), and the next panel's codes (32
+    // contiguous rows) swept into L2 in address order, a share per chunk: 1.05–1.2× at 8–32
+    // tokens (bench/RESULTS.md 2026-12-05, afternoon). With several passes: the groups' decoders
+    // and each row's stream prefetched ahead (the per-row form measured 2–8 % slower there).
     D dec[kPanelRows / kNR];
     Prefetch<kNR> pf[kPanelRows / kNR];
     bool exact = true;
@@ -248,8 +261,10 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       int rows[kNR];
       for (int i = 0; i < kNR; ++i) rows[i] = n0 + (g * kNR + i < nr ? g * kNR + i : nr - 1);
       if (scale_cols > 0 && !scales_in_window(row_set<kNR>(w, rows, scale_cols), scale_cols, smin, smax)) exact = false;
-      dec[g] = make_dec(rows);
-      pf[g] = prefetch_of<kNR>(w, rows[0]);
+      if (!ring) {
+        dec[g] = make_dec(rows);
+        pf[g] = prefetch_of<kNR>(w, rows[0]);
+      }
     }
     if (!exact) {  // rare: extreme / NaN block scales, exactly in the avx512bf16 kernels (→ scalar; no tiles)
       GemmArgs sub = a;
@@ -258,7 +273,25 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       gemm_avx512(sub);
       continue;
     }
-    auto prep = [&](int b0, int b1) {  // (kend = 32 · nblk: whole decoder steps, no tail)
+    const int next_rows = n0 + kPanelRows < a.row1 ? std::min(kPanelRows, a.row1 - n0 - kPanelRows) : 0;
+    const uint8_t* next_codes = w.data + static_cast<int64_t>(n0 + kPanelRows) * w.row_bytes;
+    const int64_t next_bytes = static_cast<int64_t>(next_rows) * w.row_bytes;
+    auto prep_ring = [&](int b0, int b1) {  // (kend = 32 · nblk: whole decoder steps, no tail)
+      for (int64_t off = next_bytes * b0 / nblk / 64 * 64; off < next_bytes * b1 / nblk; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next_codes + off), _MM_HINT_T1);
+      for (int r = 0; r < kPanelRows; ++r) {
+        int one[kNR];
+        for (int& i : one) i = n0 + (r < nr ? r : nr - 1);
+        const D d = make_dec(one);
+        uint8_t* dst = panel + r * ldp - 64 * b0;  // the ring holds blocks b0 .. b1 - 1
+        for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
+          __m512i wv[D::kStep / 32];
+          d.load(0, k, wv);
+          for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k + 32 * v), wv[v]);
+        }
+      }
+    };
+    auto prep_panel = [&](int b0, int b1) {
       for (int r = 0; r < kPanelRows; ++r) {
         const D& d = dec[r / kNR];
         const int i = r % kNR;
@@ -271,7 +304,10 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         }
       }
     };
-    panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep);
+    if (ring)
+      panel_tiles<true, decltype(prep_ring), kPrepBlocks - 1>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep_ring);
+    else
+      panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep_panel);
   }
 }
 

@@ -488,7 +488,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
       kernel_table(isa).gemm(g);
       return out;
     };
-    for (int nt : {1, 2, 3, 11, ntok}) {
+    for (int nt : {1, 2, 3, 11, 27, ntok}) {  // amx: 11 and 27 one pass (the ring), ntok several
       const std::vector<float> want = run(Isa::Scalar, nt);
       const std::vector<float> mag = run(Isa::Scalar, nt, /*magnitude=*/true);
       for (Isa isa : isas()) {
