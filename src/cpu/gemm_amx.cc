@@ -127,10 +127,24 @@ template <bool kBf16>
 void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* cbuf) {
   using Sum = std::conditional_t<kBf16, float, int32_t>;
   using Dot = std::conditional_t<kBf16, float, double>;
-  const auto* c = static_cast<const Sum(*)[32]>(cbuf);
+  // [row][token] → [token][row] by 16 × 16 dword transposes (an element loop was ~13 % of a
+  // 16-token decoded GEMM's time).
+  const auto* c = static_cast<const uint32_t(*)[32]>(cbuf);
+  alignas(64) uint32_t tr[32][kPanelRows];
+  for (int tb = 0; tb * 16 < nt; ++tb)
+    for (int ib = 0; ib < kPanelRows / 16; ++ib) {
+      __m512i r[16];
+      for (int m = 0; m < 16; ++m) r[m] = _mm512_load_si512(&c[16 * ib + m][16 * tb]);
+      transpose16_epi32(r);
+      for (int q = 0; q < 16; ++q) _mm512_store_si512(&tr[16 * tb + q][16 * ib], r[q]);
+    }
   Dot dot[32][kPanelRows];
   for (int t = 0; t < nt; ++t)
-    for (int i = 0; i < kPanelRows; ++i) dot[t][i] = static_cast<Dot>(c[i][t]);
+    for (int i = 0; i < kPanelRows; ++i) {
+      Sum v;
+      std::memcpy(&v, &tr[t][i], sizeof v);
+      dot[t][i] = static_cast<Dot>(v);
+    }
   epilogue(a, n0, nr, j0, nt, dot);
 }
 
