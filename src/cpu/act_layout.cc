@@ -127,6 +127,12 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     if (bf16_weights) return DotKind::Bf16;
   }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
+  // Few tokens per expert on the AMX parts (Intel): MXFP4 and FP8 weights run faster on the fp32
+  // FMA kind than on vdpbf16ps (one core, K = 2048, N = 1536, bf16 activations, cold, µs F32 /
+  // Bf16: MXFP4 1 token 144–154 / 183–184, 4 tokens 324–331 / 426–439; FP8 4 tokens 316–335 /
+  // 445–455; MXFP6 the other way, 1 token 321–333 / 237–243), where AMD's AVX-512 parts measured
+  // the Bf16 kind faster (bench/RESULTS.md 2026-12-02 and 2026-12-05 afternoon).
+  if (isa == Isa::Amx && (s.weight == WeightFormat::Mxfp4 || s.weight == WeightFormat::Fp8E4M3)) return DotKind::F32;
   if (isa == Isa::Avx512Bf16 || isa == Isa::Amx) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as

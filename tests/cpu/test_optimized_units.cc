@@ -590,11 +590,19 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
       EXPECT_EQ(DotKind::F32, dot_kind_for(bf, Isa::Amx, gemm, DType::F32, tpe)) << gemm;  // fp32 storage
     }
   }
+  // Below: avx512bf16's choices, except MXFP4 / FP8 weights with non-MXFP4 activations, which take
+  // the fp32 FMA kind there (faster on Intel's cores than vdpbf16ps).
+  const SchemeInfo& f8 = scheme_by_name("w_fp8_channel_a_fp8_dyn_token");
+  const SchemeInfo& w6 = scheme_by_name("w_mxfp6_e2m3");
   for (double tpe : {0.5, kAmxBf16Tokens - 0.5})
-    for (int gemm : {1, 2})
-      for (const SchemeInfo* s : {&bf, &w4, &mx, &nv, &i8})
+    for (int gemm : {1, 2}) {
+      for (const SchemeInfo* s : {&bf, &mx, &nv, &i8, &w6})
         EXPECT_EQ(dot_kind_for(*s, Isa::Avx512Bf16, gemm, DType::BF16, tpe), dot_kind_for(*s, Isa::Amx, gemm, DType::BF16, tpe))
             << s->name << " " << gemm << " " << tpe;
+      EXPECT_EQ(DotKind::F32, dot_kind_for(w4, Isa::Amx, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
+      EXPECT_EQ(DotKind::F32, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
+      EXPECT_EQ(DotKind::Bf16, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, kAmxBf16Tokens)) << gemm;
+    }
 }
 
 TEST(OptimizedUnits, ThreadPoolCoversEveryIndexOnce) {
