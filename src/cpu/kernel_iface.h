@@ -80,8 +80,12 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
 // Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
-// (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included.
-inline constexpr double kAmxBf16Tokens = 8.0;
+// (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included. 6,
+// not 8: qwen3-30b-a3b, 2 threads, GEMM1 + GEMM2 ms at 8 → 6, two rounds, T = 96 / 112 (6 / 7
+// tokens per expert): MXFP4 weight-only 58.7, 59.0 → 46.9, 47.6 / 62.0, 63.1 → 47.0, 47.4;
+// unquantized 59.7, 62.1 → 51.5, 50.2 / 63.0, 64.4 → 49.9, 51.1; MXFP6 level (bench/RESULTS.md
+// 2026-12-05 afternoon).
+inline constexpr double kAmxBf16Tokens = 6.0;
 // NVFP4 W4A4 from 16 (its bf16 decode costs more than MXFP4's: qwen3-30b-a3b, 2 threads, ms
 // Fp4Nv / Bf16: 8 tokens per expert 52, 49 / 63, 56; 16: 76, 75 / 63, 62; bench/RESULTS.md 2026-12-05).
 inline constexpr double kAmxNvfp4Bf16Tokens = 16.0;
