@@ -368,6 +368,7 @@ class Layer {
   const std::string& device() const { return device_; }
   const std::string& kernel() const { return kernel_; }
   int threads() const { return threads_; }
+  bool bf16_activations() const { return layer_->options().bf16_activations; }
   const std::string& dir() const { return dir_; }
 
 #ifdef QMOE_HAVE_CUDA
@@ -465,9 +466,11 @@ struct PyCheckpoint {
   }
 
   std::unique_ptr<Layer> layer(int index, const std::string& device, const std::string& kernel,
-                               std::optional<int> threads, std::pair<int, int> tp, std::pair<int, int> ep) const {
+                               std::optional<int> threads, std::pair<int, int> tp, std::pair<int, int> ep,
+                               bool bf16_activations) const {
     const int gpu = parse_device(device);
     MoELayerOptions opt;
+    opt.bf16_activations = bf16_activations;
     if (kernel == "optimized")
       opt.kernel = Kernel::Optimized;
     else if (kernel == "reference")
@@ -489,6 +492,7 @@ struct PyCheckpoint {
         throw Error("device '" + device + "': only " + std::to_string(cuda::device_count()) + " CUDA device(s) visible");
       cs = std::make_shared<CudaState>();
       cs->opt.device = gpu;
+      cs->opt.bf16_activations = bf16_activations;
       opt.runner = [cs](const ExpertsArgs& a) {
         std::lock_guard<std::mutex> lock(cs->mu);
         // Device calls on other streams may still be using the layer's work buffers.
@@ -655,6 +659,7 @@ NB_MODULE(_qmoe, m) {
       .def_prop_ro("device", &Layer::device)
       .def_prop_ro("kernel", &Layer::kernel)
       .def_prop_ro("threads", &Layer::threads, "CPU threads (0: all hardware threads)")
+      .def_prop_ro("bf16_activations", &Layer::bf16_activations, "activations and intermediate rounded to bf16 (layer(..., bf16_activations=True))")
       .def_prop_ro("scheme", [](const Layer& l) { return std::string(l.layer().experts().scheme->name); })
       .def_prop_ro("hidden_size", [](const Layer& l) { return l.layer().experts().hidden; })
       .def_prop_ro("intermediate_size", [](const Layer& l) { return l.layer().experts().inter; },
@@ -698,8 +703,11 @@ NB_MODULE(_qmoe, m) {
           "The `qmoe inspect --json [--layer L]` report as a dict (layer None: every MoE layer).")
       .def("layer", &PyCheckpoint::layer, "index"_a, "device"_a = "cpu", "kernel"_a = "optimized",
            "threads"_a = nb::none(), "tp"_a = std::make_pair(0, 1), "ep"_a = std::make_pair(0, 1),
+           "bf16_activations"_a = false,
            "Load and process MoE layer INDEX for DEVICE ('cpu', 'cuda', 'cuda:N'); KERNEL 'optimized' or "
-           "'reference' (CPU); THREADS None: all cores; TP / EP = (rank, size). Releases the GIL while loading.")
+           "'reference' (CPU); THREADS None: all cores; TP / EP = (rank, size); BF16_ACTIVATIONS: schemes "
+           "that leave activations unquantized round the input and the intermediate to bf16 once (vLLM's "
+           "precision, faster; the optimized CPU kernel and CUDA). Releases the GIL while loading.")
       .def("__repr__", [](const PyCheckpoint& c) {
         std::string layers;
         for (size_t i = 0; i < c.cfg.moe_layers.size(); ++i) layers += (i ? ", " : "") + std::to_string(c.cfg.moe_layers[i]);

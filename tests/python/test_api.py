@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import qmoe
-from conftest import CASES, REPO, case_json, list_cases, read_safetensors
+from conftest import CASES, REPO, case_json, list_cases, read_safetensors, rel_l2
 
 
 def test_version():
@@ -113,6 +113,24 @@ def test_cuda_device_without_cuda_or_gpu(qwen3_case):
     else:
         with pytest.raises(qmoe.Error, match="CUDA device"):
             qmoe.open(qwen3_case).layer(0, device="cuda:99")
+
+
+def test_bf16_activations(qwen3_case):
+    # Weight-only MXFP4: the input and the intermediate rounded to bf16 once (vLLM's precision).
+    io = read_safetensors(qwen3_case / "io.safetensors")
+    ckpt = qmoe.open(qwen3_case)
+    exact, fast = ckpt.layer(0), ckpt.layer(0, bf16_activations=True)
+    assert fast.bf16_activations and not exact.bf16_activations
+    a = exact(io["hidden_states"], io["router_logits"]).output
+    b = fast(io["hidden_states"], io["router_logits"]).output
+    assert np.all(np.isfinite(b)) and np.any(a != b)
+    assert rel_l2(b, a) <= 1e-2
+    # Quantized activations (W4A4): the option changes nothing.
+    w4a4 = CASES / "qwen3_w_mxfp4_a_mxfp4"
+    io4 = read_safetensors(w4a4 / "io.safetensors")
+    c4 = qmoe.open(w4a4)
+    np.testing.assert_array_equal(c4.layer(0)(io4["hidden_states"], io4["router_logits"]).output,
+                                  c4.layer(0, bf16_activations=True)(io4["hidden_states"], io4["router_logits"]).output)
 
 
 def test_output_unpacks(qwen3_case):
