@@ -297,11 +297,11 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         int one[kNR];
         for (int& i : one) i = n0 + (r < nr ? r : nr - 1);
         const D d = make_dec(one);
-        uint8_t* dst = panel + r * ldp - 64 * b0;  // the ring holds blocks b0 .. b1 - 1
+        uint8_t* dst = panel + r * ldp;  // the ring holds blocks b0 .. b1 - 1 from its start
         for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
           __m512i wv[D::kStep / 32];
           d.load(0, k, wv);
-          for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k + 32 * v), wv[v]);
+          for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k - 32 * b0 + 32 * v), wv[v]);
         }
       }
     };
