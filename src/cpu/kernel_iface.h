@@ -86,9 +86,12 @@ inline constexpr double kW4a4Bf16Tokens = 8.0;
 // unquantized 59.7, 62.1 → 51.5, 50.2 / 63.0, 64.4 → 49.9, 51.1; MXFP6 level (bench/RESULTS.md
 // 2026-12-05 afternoon).
 inline constexpr double kAmxBf16Tokens = 6.0;
-// NVFP4 W4A4 from 16 (its bf16 decode costs more than MXFP4's: qwen3-30b-a3b, 2 threads, ms
-// Fp4Nv / Bf16: 8 tokens per expert 52, 49 / 63, 56; 16: 76, 75 / 63, 62; bench/RESULTS.md 2026-12-05).
-inline constexpr double kAmxNvfp4Bf16Tokens = 16.0;
+// NVFP4 W4A4 from 12 (its bf16 decode costs more than MXFP4's: qwen3-30b-a3b, 2 threads, ms
+// Fp4Nv / Bf16: 8 tokens per expert 52, 49 / 63, 56; 16: 76, 75 / 63, 62; bench/RESULTS.md
+// 2026-12-05. After the ring decode, GEMM1 + GEMM2 ms, two rounds: qwen3 8 tokens per expert
+// 48.7, 52.5 / 54.1, 56.3; 10: 56.0, 56.8 / 55.8, 54.8; 12: 60.6, 63.8 / 56.6, 57.2; gpt-oss-20b
+// 8: 54.4, 54.5 / 70.4, 68.5; 12: 69.9, 67.0 / 71.7, 66.3 — the crossover near 10–12).
+inline constexpr double kAmxNvfp4Bf16Tokens = 12.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
