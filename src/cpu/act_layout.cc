@@ -110,11 +110,12 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
   if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) {
-    // MXFP4 W4A4 from kW4a4Bf16Tokens tokens per expert on (prefill) on the avx512bf16 target: both
+    // MXFP4 W4A4 from kW4a4Bf16Tokens tokens per expert (amx: kAmxW4a4Bf16Tokens) on: both
     // operands are exact in bf16 (e2m1 · 2^s), so vdpbf16ps over the once-decoded weight rows (one
     // term) beats the exact integer block sums, whose per-block conversion and scaling cost more
     // than the products once the decode is shared by many tokens.
-    if ((isa == Isa::Avx512Bf16 || isa == Isa::Amx) && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
+    if (isa == Isa::Avx512Bf16 && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
+    if (isa == Isa::Amx && tokens_per_expert >= kAmxW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }
   if (isa == Isa::Amx && tokens_per_expert >= kAmxBf16Tokens) {

@@ -79,6 +79,11 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
+// The same switch on amx (the tiles): from 12. qwen3-30b-a3b / gpt-oss-20b, 2 threads, GEMM1 +
+// GEMM2 ms Fp4Mx / Bf16, two rounds: 6 tokens per expert 38.7, 35.4 / 44.5, 48.3; 8: 44.8, 40.0 /
+// 49.2, 50.0 (gpt-oss-20b 51.1, 46.8 / 51.8, 52.6); 10: 46.6, 46.5 / 50.3, 54.6; 12: 50.4, 50.8 /
+// 52.4, 47.4 (level); 16: 57.4, 57.9 / 53.2, 51.5 (bench/RESULTS.md 2026-12-05 afternoon).
+inline constexpr double kAmxW4a4Bf16Tokens = 12.0;
 // Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
 // (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included. 6,
 // not 8: qwen3-30b-a3b, 2 threads, GEMM1 + GEMM2 ms at 8 → 6, two rounds, T = 96 / 112 (6 / 7

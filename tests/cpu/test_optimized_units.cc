@@ -580,12 +580,12 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
   // unquantized intermediate of GEMM2 too; below, avx512bf16's choices.
   const SchemeInfo& bf = scheme_by_name("unquantized");
   const SchemeInfo& w4 = scheme_by_name("w_mxfp4");
-  for (double tpe : {kAmxBf16Tokens, 64.0}) {
+  for (double tpe : {kAmxBf16Tokens, kW4a4Bf16Tokens, kAmxW4a4Bf16Tokens, 64.0}) {
     for (int gemm : {1, 2}) {
       EXPECT_EQ(DotKind::Bf16, dot_kind_for(bf, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
       EXPECT_EQ(DotKind::Bf16, dot_kind_for(w4, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
-      // (MXFP4 W4A4 keeps its integer kind below kW4a4Bf16Tokens on amx too.)
-      EXPECT_EQ(tpe >= kW4a4Bf16Tokens ? DotKind::Bf16 : DotKind::Fp4Mx, dot_kind_for(mx, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
+      // (MXFP4 W4A4 keeps its integer kind below kAmxW4a4Bf16Tokens on amx.)
+      EXPECT_EQ(tpe >= kAmxW4a4Bf16Tokens ? DotKind::Bf16 : DotKind::Fp4Mx, dot_kind_for(mx, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
       EXPECT_EQ(tpe >= kAmxNvfp4Bf16Tokens ? DotKind::Bf16 : DotKind::Fp4Nv, dot_kind_for(nv, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
       EXPECT_EQ(DotKind::I8, dot_kind_for(i8, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
       EXPECT_EQ(DotKind::F32, dot_kind_for(bf, Isa::Amx, gemm, DType::F32, tpe)) << gemm;  // fp32 storage
