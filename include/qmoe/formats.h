@@ -325,21 +325,28 @@ QMOE_HD uint8_t nvfp4_quantize_weight_block(const float* x, int n, float ws2, ui
   return sc;
 }
 
-// Activation QDQ of one block (spec §10.6) with quantization-direction global scale gs
-// (= 1 / input_scale_2).
-QMOE_HD void nvfp4_qdq_block(const float* x, int n, float gs, float* out) {
+// Activation quantization of one block (spec §10.6) with quantization-direction global scale gs
+// (= 1 / input_scale_2), the code and the scale kept apart: the block's e2m1 values e2m1[0..n)
+// (e2m1 may alias x) and, returned, its fp8 scale sb; the dequantized value is e2m1 · (sb / gs).
+QMOE_HD float nvfp4_block_codes(const float* x, int n, float gs, float* e2m1) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
   float s = gs * amax / kFp4Max;
   s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
   const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
   const float inv = sb == 0.0f ? 0.0f : gs / sb;
-  const float deq = sb / gs;
   for (int i = 0; i < n; ++i) {
     float q = x[i] * inv;
     q = fminf(fmaxf(q, -kFp4Max), kFp4Max);
-    out[i] = fp4_e2m1_decode(fp4_e2m1_encode(q)) * deq;
+    e2m1[i] = fp4_e2m1_decode(fp4_e2m1_encode(q));
   }
+  return sb;
+}
+
+// Activation QDQ of one block (spec §10.6): nvfp4_block_codes, dequantized.
+QMOE_HD void nvfp4_qdq_block(const float* x, int n, float gs, float* out) {
+  const float deq = nvfp4_block_codes(x, n, gs, out) / gs;
+  for (int i = 0; i < n; ++i) out[i] *= deq;
 }
 
 // ---------------------------------------------------------------------------------------------

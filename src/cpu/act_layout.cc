@@ -83,8 +83,7 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
       }
       case DotKind::I8: out[i] = static_cast<double>(static_cast<int8_t>(vals[p])) * rs; break;
       case DotKind::Bf16: {
-        int32_t nt;
-        std::memcpy(&nt, row + 8, 4);
+        const int32_t nt = bf16_term_count(row);
         double v = 0.0;
         for (int t = 0; t < nt; ++t) {
           uint16_t h;
@@ -118,14 +117,14 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     if (isa == Isa::Amx && tokens_per_expert >= kAmxW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }
+  // Weights that the bf16 decoders give exactly (MX: the block scale in the exponent).
+  const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
+                            is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
   if (isa == Isa::Amx && tokens_per_expert >= kAmxBf16Tokens) {
     // AMX tiles (gemm_amx.cc): every weight format that decodes exactly to bf16 (NVFP4: e2m1 times
     // its fp8 block scale) takes TDPBF16PS, fp32 inputs too (NVFP4's dequantized activations and
     // unquantized intermediates in 3 terms: the tiles' throughput makes the extra products cheap).
-    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
-                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3 ||
-                              (s.weight == WeightFormat::Nvfp4 && tokens_per_expert >= kAmxNvfp4Bf16Tokens);
-    if (bf16_weights) return DotKind::Bf16;
+    if (bf16_weights || (s.weight == WeightFormat::Nvfp4 && tokens_per_expert >= kAmxNvfp4Bf16Tokens)) return DotKind::Bf16;
   }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   // Few tokens per expert on the AMX parts (Intel): MXFP4 and FP8 weights run faster on the fp32
@@ -141,8 +140,6 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // work, so GEMM2 of bf16 / MXFP4 weight-only schemes keeps the F32 kind (measured faster from
     // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms below ~8
     // tokens per expert (the decode regime), not above. bench/RESULTS.md, 2026-12-02.
-    const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
-                              is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
     if (bf16_weights) {
       const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
       const bool fp6 = s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2;
@@ -302,23 +299,6 @@ void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row) {
     bc[b] = sum;
   }
 }
-
-namespace {
-
-// nvfp4_qdq_block (formats.h) keeping the code and the scale apart: the block's e2m1 values
-// e2m1[0..n) and its fp8 scale sb (the dequantized value is e2m1 · (sb / gs)).
-float nvfp4_block_codes(const float* x, int n, float gs, float* e2m1) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
-  float s = gs * amax / kFp4Max;
-  s = fminf(fmaxf(s, -kFp8E4M3Max), kFp8E4M3Max);
-  const float sb = fp8_e4m3_decode(fp8_e4m3_encode(s));
-  const float inv = sb == 0.0f ? 0.0f : gs / sb;
-  for (int i = 0; i < n; ++i) e2m1[i] = fp4_e2m1_decode(fp4_e2m1_encode(fminf(fmaxf(x[i] * inv, -kFp4Max), kFp4Max)));
-  return sb;
-}
-
-}  // namespace
 
 void quantize_row_scalar(const QuantRowArgs& a) {
   const ActLayout& l = *a.layout;

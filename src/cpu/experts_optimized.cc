@@ -257,9 +257,7 @@ float run_chunk(const Call& c, Scratch& s, int t0, int nt, Stage stage, float sc
       if (a.router_weight_on_input || c.round1) {
         tmp.resize(static_cast<size_t>(H));
         const float w = a.router_weight_on_input ? a.topk_weights[t] : 1.0f;
-        for (int h = 0; h < H; ++h) tmp[static_cast<size_t>(h)] = x[h] * w;
-        if (c.round1)
-          for (float& v : tmp) v = bf16_round(v);
+        for (int h = 0; h < H; ++h) tmp[static_cast<size_t>(h)] = c.round1 ? bf16_round(x[h] * w) : x[h] * w;
         x = tmp.data();
       }
       QuantRowArgs q{&c.rule1, &c.L1, c.scale1, x, act1 + i * c.L1.stride};

@@ -88,8 +88,7 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   VRows vr{reinterpret_cast<const uint16_t**>(vmem), reinterpret_cast<int*>(vmem + cap * sizeof(const uint16_t*))};
   for (int j = 0; j < a.ntok; ++j) {
     const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride;
-    int32_t nt;
-    std::memcpy(&nt, row + 8, 4);
+    const int32_t nt = bf16_term_count(row);
     for (int t = 0; t < nt; ++t) {
       vr.ptr[vr.n] = reinterpret_cast<const uint16_t*>(row + l.vals_off + t * l.term_bytes);
       vr.tok[vr.n++] = j;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/isa.h"
 #include "cpu/ref/ref_ops.h"
@@ -65,6 +66,12 @@ struct ActLayout {
   int64_t stride = 0;  // bytes per row, a multiple of 64
 };
 ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k);
+// Bf16 kind: the number of terms in use of a stored row (the header's int32 at 8).
+inline int32_t bf16_term_count(const uint8_t* row) {
+  int32_t nt;
+  std::memcpy(&nt, row + 8, 4);
+  return nt;
+}
 // Position of logical element i in the stored value order.
 int act_value_position(const ActLayout& l, int i);
 // The dequantized values x[0..k) (exact products as double) of a stored row (tests, debugging).

@@ -142,8 +142,7 @@ void gemm_scalar(const GemmArgs& a) {
           break;
         }
         case DotKind::Bf16: {  // Σ over the terms: the fp32 values exactly
-          int32_t nt;
-          std::memcpy(&nt, row + 8, 4);
+          const int32_t nt = bf16_term_count(row);
           for (int t = 0; t < nt; ++t) {
             const uint16_t* v = reinterpret_cast<const uint16_t*>(row + l.vals_off + t * l.term_bytes);
             for (int i = 0; i < KP; ++i)
