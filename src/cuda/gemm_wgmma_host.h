@@ -13,23 +13,33 @@ constexpr bool wgmma_supported(WFmt f, AFmt a) {
   return !((f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2) && a == AFmt::Bf16Split);
 }
 
-// The token tile of a GEMM launch, by weight format and mean tokens per active expert, as data:
-// measured on the H200 (bench/RESULTS.md, "Token tiles on wgmma", 2026-12-02: mixtral-8x7b,
-// qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, T = 16…1024, every tile forced on both kernels).
-// A row applies while mean < below; tiles of 32 and up run on the wgmma kernel where `wg` (the
-// device and the build have it, the format fits) except 32-token tiles of the register-decode
-// formats, whose mma.sync kernel is as fast or faster there (launch_gemm_tile).
+// The token tile of a GEMM launch, by weight format and mean tokens per active expert, as data.
+// First measured on the H200 (bench/RESULTS.md, "Token tiles on wgmma", 2026-12-02: mixtral-8x7b,
+// qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, T = 16…1024, every tile forced on both kernels); the
+// register-decode rows re-measured on an H100 (bench/RESULTS.md 2026-12-05 evening, "Token tiles
+// at 24–1024 tokens per expert": +tile32 / +tile64 / +tile128 forced at 24…128 tokens per expert
+// on mixtral-8x7b, gpt-oss-120b, qwen3-30b-a3b and deepseek-v3).
+// A row applies while mean < below. `wg`: the device and the build run the wgmma kernels; tiles of
+// 32 and up then run on them where the format's stages fit (launch_gemm_tile), except 32-token
+// tiles of the register-decode formats, whose mma.sync kernel is as fast or faster there.
 //  * shared-memory-A formats (BF16, INT8): wgmma from the first token — its 32-token tile beats
 //    the mma.sync 8 / 16 tiles even at ~1 token per expert (INT8: 1096 vs 1132 µs, deepseek-v3
 //    T = 16), 64 from a mean of 24, 128 from 64;
-//  * register-decode formats (FP8, FP4, FP6): mma.sync 8 / 16 / 32 to a mean of 64 (wgmma 32 is
-//    1.0–1.7× slower there), wgmma 128 from 64; FP8 alone takes wgmma 64 from a mean of 32
-//    (deepseek-v3 T = 1024: 4408 vs 4893 µs on mma.sync 32);
+//  * FP8: 8 / 16 / 32 (mma.sync), wgmma 64 from a mean of 32 (deepseek-v3 T = 1024: 4408 vs
+//    4893 µs on mma.sync 32), 128 from 64;
+//  * the other register-decode formats (FP4, FP6; W4A4, W6A6, W4A8, bf16 activations): 8 / 16 /
+//    32 to a mean of 36, wgmma 64 to 60, 128 above. One pass over an expert's weights per tile is
+//    what counts: at 40–56 tokens per expert the 32-token tile streams the weights twice and the
+//    128-token tile wastes half its MMAs (mixtral-8x7b W4A4 at 48: 673 / 516 / 726 µs on 32 / 64 /
+//    128, gpt-oss-120b 1759 / 1352 / 1812); at 24 the 32-token tile is ahead (373 vs 483), at 64
+//    the 128-token tile on mixtral (747 vs 881; gpt-oss-120b 1898 vs 1815);
+//  * `split` (fp32-accurate activations as bf16 hi + lo: twice the activation stage): 16-token
+//    tiles to a mean of 24, 32 to 40, then 64 at every size — the 128-token tile with both halves
+//    leaves too few stages (mixtral-8x7b w_mxfp4 at 256 / 1024 tokens per expert: 3009 / 11505 µs
+//    on 64 against 3748 / 13149 on 128; MXFP6, which has no 128-token wgmma tile with the split,
+//    3580 / 12541 on 64 against 5066 / 22798 on mma.sync 32);
 //  * without wgmma: 8 / 16 / 32, 64 from a mean of 48 for BF16 / INT8, 128 above 256 (the rule
-//    before this table; not re-measured);
-//  * `split` (fp32-accurate activations as bf16 hi + lo, twice the activation stage): the
-//    register-decode formats keep 16-token tiles to a mean of 24, the rule before this table
-//    (mixtral-8x7b w_mxfp4 T = 64: 477 µs on 16, 530 on 32).
+//    before this table; not re-measured).
 struct TileRow {
   double below;
   int bt;
@@ -37,8 +47,8 @@ struct TileRow {
 inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
   static constexpr TileRow kSmemA[] = {{24, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
-  static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {64, 32}, {1e300, 128}};
-  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {64, 32}, {1e300, 128}};
+  static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {36, 32}, {60, 64}, {1e300, 128}};
+  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {40, 32}, {1e300, 64}};  // never 128 (MXFP6)
   static constexpr TileRow kNoWgSmemA[] = {{4.5, 8}, {12.5, 16}, {48, 32}, {256.5, 64}, {1e300, 128}};
   static constexpr TileRow kNoWg[] = {{4.5, 8}, {12.5, 16}, {256.5, 32}, {1e300, 128}};
   const bool smem_a = f == WFmt::BF16 || f == WFmt::INT8;
