@@ -28,6 +28,7 @@ struct BDecBf16 {
   RowSet<kNR> rs;
   int K;
   static constexpr int kStep = 32, kBytes = 64;  // weights and bytes per row and step
+  static constexpr bool kL2Prefetch = true;
   void load(int i, int k, __m512i* w) const {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(rs.row[i]) + k;
     w[0] = k + 32 <= K ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(K - k), p);

@@ -40,9 +40,16 @@ constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see pre
 inline int64_t prefetch_distance(int64_t block_bytes) {
   return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
 }
+// kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6 /
+// fp8 codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the plain
+// streams of bf16 and int8 weights, whose kernels are memory-bound: the L1 fill buffers stay with
+// the demand loads. Measured on the AMX Xeon, qwen3-30b-a3b, 2 threads, 3 rounds: INT8 W8A8 T = 16
+// 15185–17483 → 13974–14644 µs, bf16 weights (+bf16act) 35915–37364 → 30817–31115; MXFP4 W4A4
+// 0.93–0.96× with T1, so it keeps T0 (bench/RESULTS.md 2026-12-05 evening).
+template <auto kHint = _MM_HINT_T0>
 inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int nr, int bytes_per_step) {
   const uint8_t* p = block + dist + (static_cast<int64_t>(step) * nr + i) * bytes_per_step;
-  for (int off = 0; off < bytes_per_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+  for (int off = 0; off < bytes_per_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), kHint);
 }
 
 template <int NR>
@@ -67,20 +74,27 @@ struct Prefetch {
   const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
   int64_t dist = 0;               // bytes ahead
   int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
-  template <int kStep>
+  // kL2: into L2 (the plain bf16 / int8 streams, l2_prefetch_of), else into L1.
+  template <int kStep, bool kL2 = false>
   void at(int i, int k) const {
     if (base == nullptr) return;
-    prefetch_seq(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+    if constexpr (kL2) prefetch_seq<_MM_HINT_T1>(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+    else prefetch_seq(base, dist, k / kStep, i, NR, kStep * q4 / 4);
   }
   // The same sweep for all NR rows of step s at once — kBytes per row and step, a compile-time
   // constant: NR · kBytes / 64 prefetches with one address, where NR calls of at() cost an address
   // product and a loop each (MXFP6's 24-byte steps: ~9 instructions per row and 32 weights).
-  template <int kBytes>
+  template <int kBytes, bool kL2 = false>
   void block_at(int s) const {
     if (base == nullptr) return;
     const uint8_t* p = base + dist + static_cast<int64_t>(s) * (NR * kBytes);
+    if constexpr (kL2) {
 #pragma GCC unroll 16
-    for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+      for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+    } else {
+#pragma GCC unroll 16
+      for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    }
   }
 };
 template <int NR>
@@ -97,6 +111,14 @@ Prefetch<NR> prefetch_of(const WeightView& w, int n0) {
     default: break;
   }
   return p;
+}
+
+// Decoders of plain bf16 / fp32 / int8 rows (kL2Prefetch) have their rows prefetched into L2
+// (prefetch_seq); the others into L1.
+template <class D>
+constexpr bool l2_prefetch_of() {
+  if constexpr (requires { D::kL2Prefetch; }) return D::kL2Prefetch;
+  return false;
 }
 
 // Decoders may produce weights × 2^−s (kPostScale = 2^s restores them in the epilogue).
@@ -163,6 +185,7 @@ struct DecF32 {
   RowSet<T::kNR> rs;
   int K;
   static constexpr int kStep = 32, kBytes = 128;  // weights and bytes per row and step
+  static constexpr bool kL2Prefetch = true;
   void load(int i, int k, typename T::F* w) const { T::dec_f32(reinterpret_cast<const float*>(rs.row[i]) + k, K - k, w); }
 };
 
@@ -171,6 +194,7 @@ struct DecHalf {
   RowSet<T::kNR> rs;
   int K;
   static constexpr int kStep = 32, kBytes = 64;
+  static constexpr bool kL2Prefetch = true;
   void load(int i, int k, typename T::F* w) const { T::template dec_half<kBf16>(rs.row[i] + 2 * k, K - k, w); }
 };
 
@@ -181,6 +205,7 @@ struct DecByte {
   int K;
   static constexpr int kStep = 32, kBytes = 32;
   static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
+  static constexpr bool kL2Prefetch = !kFp8;
   void load(int i, int k, typename T::F* w) const {
     if (kFp8) T::dec_fp8(rs.row[i] + k, K - k, w);
     else T::dec_i8(rs.row[i] + k, K - k, w);
@@ -249,7 +274,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
   auto step = [&](int k, auto full) {
-    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes>(k / D::kStep);
+    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes, l2_prefetch_of<D>()>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       typename T::F w[V];
@@ -304,7 +329,7 @@ void run_f32(const GemmArgs& a, Make make_dec) {
     const Prefetch<kNR> pf = prefetch_of<kNR>(*a.w, n0);
     for (int i = 0; i < kNR; ++i)
       for (int k = 0; k < kend; k += D::kStep) {
-        pf.template at<D::kStep>(i, k);
+        pf.template at<D::kStep, l2_prefetch_of<D>()>(i, k);
         typename T::F w[D::kStep / T::kLanes];
         dec.load(i, k, w);
         for (int v = 0; v < D::kStep / T::kLanes; ++v) T::storeu(buf + static_cast<int64_t>(i) * kend + k + T::kLanes * v, w[v]);
@@ -392,7 +417,7 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     typename T::I av[NT];
     for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
     for (int i = 0; i < kNR; ++i) {
-      if ((k & 63) == 0) prefetch_seq(w[0], dist, k >> 6, i, kNR, 64);
+      if ((k & 63) == 0) prefetch_seq<_MM_HINT_T1>(w[0], dist, k >> 6, i, kNR, 64);
       const typename T::I wv = T::i8_weights(w[i] + k, K - k);
       for (int t = 0; t < NT; ++t) acc[t][i] = T::i8_dot(acc[t][i], wv, av[t]);
     }
