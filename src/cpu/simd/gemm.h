@@ -43,9 +43,10 @@ inline int64_t prefetch_distance(int64_t block_bytes) {
 // kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6 /
 // fp8 codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the plain
 // streams of bf16 and int8 weights, whose kernels are memory-bound: the L1 fill buffers stay with
-// the demand loads. Measured on the AMX Xeon, qwen3-30b-a3b, 2 threads, 3 rounds: INT8 W8A8 T = 16
-// 15185–17483 → 13974–14644 µs, bf16 weights (+bf16act) 35915–37364 → 30817–31115; MXFP4 W4A4
-// 0.93–0.96× with T1, so it keeps T0 (bench/RESULTS.md 2026-12-05 evening).
+// the demand loads. Measured on the AMX Xeon, qwen3-30b-a3b, 2 threads, interleaved rounds: INT8
+// W8A8 T = 16 15.2–19.4 → 14.2–17.1 ms, bf16 weights +bf16act T = 16 35.4–37.4 → 31.4–32.2 ms,
+// bf16 weights T = 1 3.9–4.5 → 3.1–3.3 ms; MXFP4 W4A4 0.93–0.96× with T1, so the decoded formats
+// keep T0 (bench/RESULTS.md 2026-12-05 evening).
 template <auto kHint = _MM_HINT_T0>
 inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int nr, int bytes_per_step) {
   const uint8_t* p = block + dist + (static_cast<int64_t>(step) * nr + i) * bytes_per_step;
