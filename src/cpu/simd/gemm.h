@@ -79,8 +79,7 @@ struct Prefetch {
   template <int kStep, bool kL2 = false>
   void at(int i, int k) const {
     if (base == nullptr) return;
-    if constexpr (kL2) prefetch_seq<_MM_HINT_T1>(base, dist, k / kStep, i, NR, kStep * q4 / 4);
-    else prefetch_seq(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+    prefetch_seq<kL2 ? _MM_HINT_T1 : _MM_HINT_T0>(base, dist, k / kStep, i, NR, kStep * q4 / 4);
   }
   // The same sweep for all NR rows of step s at once — kBytes per row and step, a compile-time
   // constant: NR · kBytes / 64 prefetches with one address, where NR calls of at() cost an address
@@ -89,13 +88,9 @@ struct Prefetch {
   void block_at(int s) const {
     if (base == nullptr) return;
     const uint8_t* p = base + dist + static_cast<int64_t>(s) * (NR * kBytes);
-    if constexpr (kL2) {
+    constexpr auto kHint = kL2 ? _MM_HINT_T1 : _MM_HINT_T0;
 #pragma GCC unroll 16
-      for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
-    } else {
-#pragma GCC unroll 16
-      for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-    }
+    for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), kHint);
   }
 };
 template <int NR>
