@@ -262,6 +262,15 @@ struct DecBuf {
   }
 };
 
+// One decoder step: load_full (no bounds tests) for kFull::value, else load. A function template
+// rather than an `if constexpr` inside f32_kernel's generic lambda, where clang checks the
+// load_full call for decoders that lack it.
+template <class D, class W, class kFull>
+__attribute__((always_inline)) inline void dec_step(const D& dec, int i, int k, W* w, kFull) {
+  if constexpr (kFull::value) dec.load_full(i, k, w);
+  else dec.load(i, k, w);
+}
+
 template <class T, class D, int NT>
 void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* act, int kend, float (*res)[T::kNR]) {
   constexpr int kNR = T::kNR;
@@ -274,8 +283,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       typename T::F w[V];
-      if constexpr (decltype(full)::value) dec.load_full(i, k, w);
-      else dec.load(i, k, w);
+      dec_step(dec, i, k, w, full);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 4
