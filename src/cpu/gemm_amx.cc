@@ -306,7 +306,7 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         const int i = r % kNR;
         uint8_t* dst = panel + r * ldp;
         for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
-          pf[r / kNR].template at<D::kStep, l2_prefetch_of<D>()>(i, k);
+          pf[r / kNR].template at<D>(i, k);
           __m512i wv[D::kStep / 32];
           d.load(i, k, wv);
           for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k + 32 * v), wv[v]);

@@ -28,7 +28,7 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
   for (int t = 0; t < NTOK; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
   for (int k = 0; k < kend; k += D::kStep) {
-    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes, l2_prefetch_of<D>()>(k / D::kStep);
+    if constexpr (D::kBytes > 0) pf.template block_at<D>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       __m512i w[V];
@@ -138,7 +138,7 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     uint16_t* buf = static_cast<uint16_t*>(thread_scratch_buffer(0, sizeof(uint16_t) * kNR * static_cast<size_t>(ld)));
     for (int i = 0; i < kNR; ++i)
       for (int k = 0; k < kend; k += D::kStep) {
-        pf.template at<D::kStep, l2_prefetch_of<D>()>(i, k);
+        pf.template at<D>(i, k);
         __m512i wv[D::kStep / 32];
         dec.load(i, k, wv);
         for (int v = 0; v < D::kStep / 32; ++v) _mm512_storeu_si512(buf + static_cast<int64_t>(i) * ld + k + 32 * v, wv[v]);

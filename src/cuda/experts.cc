@@ -661,7 +661,6 @@ CudaExperts::Impl::Plan CudaExperts::Impl::plan(int T, int K) const {
   // groups of a tile past its expert's count cost no copies and no MMAs on the mma.sync kernel,
   // but a larger tile still costs shared memory (fewer stages, fewer CTAs per SM).
   const int bt = token_tile_for(wf, avg, wgmma, af == AFmt::Bf16Split);
-  // (the split rows never ask for the 128-token tile, which MXFP6 lacks on wgmma: wgmma_supported)
   pl.bt = opt.token_tile ? opt.token_tile : bt;
   pl.max_tiles = std::min(TK, E_loc) + (TK + pl.bt - 1) / pl.bt;
   const int64_t est_tiles = std::max<int64_t>(active, (TK + pl.bt - 1) / pl.bt);

@@ -1,6 +1,8 @@
 // Host side of the wgmma prefill kernels (gemm_wgmma.cuh).
 #pragma once
 
+#include <iterator>
+
 #include "cuda/cuda_common.h"
 
 namespace qmoe::cuda {
@@ -48,7 +50,9 @@ inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
   static constexpr TileRow kSmemA[] = {{24, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {36, 32}, {60, 64}, {1e300, 128}};
-  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {40, 32}, {1e300, 64}};  // never 128 (MXFP6)
+  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {40, 32}, {1e300, 64}};
+  // MXFP6 has no 128-token wgmma tile with the split (wgmma_supported): the split rows never ask for it.
+  static_assert(kRegSplit[std::size(kRegSplit) - 1].bt == 64, "the split rows stop at the 64-token tile");
   static constexpr TileRow kNoWgSmemA[] = {{4.5, 8}, {12.5, 16}, {48, 32}, {256.5, 64}, {1e300, 128}};
   static constexpr TileRow kNoWg[] = {{4.5, 8}, {12.5, 16}, {256.5, 32}, {1e300, 128}};
   const bool smem_a = f == WFmt::BF16 || f == WFmt::INT8;

@@ -69,26 +69,35 @@ RowSet<NR> row_set(const WeightView& w, const int* rows, int scale_cols) {
   return r;
 }
 
+// Decoders of plain bf16 / fp32 / int8 rows (kL2Prefetch) have their rows prefetched into L2
+// (prefetch_seq); the others into L1.
+template <class D>
+constexpr bool l2_prefetch_of() {
+  if constexpr (requires { D::kL2Prefetch; }) return D::kL2Prefetch;
+  return false;
+}
+
 // Software prefetch of a later row block in address order (prefetch_seq).
 template <int NR>
 struct Prefetch {
   const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
   int64_t dist = 0;               // bytes ahead
   int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
-  // kL2: into L2 (the plain bf16 / int8 streams, l2_prefetch_of), else into L1.
-  template <int kStep, bool kL2 = false>
+  // For decoder D's rows (its kStep / kBytes; into L2 where l2_prefetch_of<D>, else into L1).
+  template <class D>
   void at(int i, int k) const {
     if (base == nullptr) return;
-    prefetch_seq<kL2 ? _MM_HINT_T1 : _MM_HINT_T0>(base, dist, k / kStep, i, NR, kStep * q4 / 4);
+    prefetch_seq<l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0>(base, dist, k / D::kStep, i, NR, D::kStep * q4 / 4);
   }
   // The same sweep for all NR rows of step s at once — kBytes per row and step, a compile-time
   // constant: NR · kBytes / 64 prefetches with one address, where NR calls of at() cost an address
   // product and a loop each (MXFP6's 24-byte steps: ~9 instructions per row and 32 weights).
-  template <int kBytes, bool kL2 = false>
+  template <class D>
   void block_at(int s) const {
+    constexpr int kBytes = D::kBytes;
     if (base == nullptr) return;
     const uint8_t* p = base + dist + static_cast<int64_t>(s) * (NR * kBytes);
-    constexpr auto kHint = kL2 ? _MM_HINT_T1 : _MM_HINT_T0;
+    constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
 #pragma GCC unroll 16
     for (int off = 0; off < NR * kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), kHint);
   }
@@ -107,14 +116,6 @@ Prefetch<NR> prefetch_of(const WeightView& w, int n0) {
     default: break;
   }
   return p;
-}
-
-// Decoders of plain bf16 / fp32 / int8 rows (kL2Prefetch) have their rows prefetched into L2
-// (prefetch_seq); the others into L1.
-template <class D>
-constexpr bool l2_prefetch_of() {
-  if constexpr (requires { D::kL2Prefetch; }) return D::kL2Prefetch;
-  return false;
 }
 
 // Decoders may produce weights × 2^−s (kPostScale = 2^s restores them in the epilogue).
@@ -279,7 +280,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
   auto step = [&](int k, auto full) {
-    if constexpr (D::kBytes > 0) pf.template block_at<D::kBytes, l2_prefetch_of<D>()>(k / D::kStep);
+    if constexpr (D::kBytes > 0) pf.template block_at<D>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       typename T::F w[V];
@@ -333,7 +334,7 @@ void run_f32(const GemmArgs& a, Make make_dec) {
     const Prefetch<kNR> pf = prefetch_of<kNR>(*a.w, n0);
     for (int i = 0; i < kNR; ++i)
       for (int k = 0; k < kend; k += D::kStep) {
-        pf.template at<D::kStep, l2_prefetch_of<D>()>(i, k);
+        pf.template at<D>(i, k);
         typename T::F w[D::kStep / T::kLanes];
         dec.load(i, k, w);
         for (int v = 0; v < D::kStep / T::kLanes; ++v) T::storeu(buf + static_cast<int64_t>(i) * kend + k + T::kLanes * v, w[v]);
@@ -421,7 +422,7 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     typename T::I av[NT];
     for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
     for (int i = 0; i < kNR; ++i) {
-      if ((k & 63) == 0) prefetch_seq<_MM_HINT_T1>(w[0], dist, k >> 6, i, kNR, 64);
+      if ((k & 63) == 0) prefetch_seq<_MM_HINT_T1>(w[0], dist, k >> 6, i, kNR, 64);  // a plain stream (as DecByte's)
       const typename T::I wv = T::i8_weights(w[i] + k, K - k);
       for (int t = 0; t < NT; ++t) acc[t][i] = T::i8_dot(acc[t][i], wv, av[t]);
     }
