@@ -56,7 +56,7 @@ constexpr int kGemmThreads = 128;
 constexpr int kMaxSplit = kMaxKSplit;  // qmoe/cuda.h
 
 // Stored bytes of one row of K elements (K a multiple of 64 after padding).
-inline int64_t packed_row_bytes(WFmt f, int64_t k) {
+constexpr int64_t packed_row_bytes(WFmt f, int64_t k) {
   switch (f) {
     case WFmt::BF16: return 2 * k;
     case WFmt::FP8:
@@ -67,13 +67,22 @@ inline int64_t packed_row_bytes(WFmt f, int64_t k) {
   }
 }
 // K elements per pipeline stage (must match WTraits<>::kBK in gemm.cuh): 64 for bf16, 128 else.
-inline int stage_k(WFmt f) { return f == WFmt::BF16 ? 64 : 128; }
+constexpr int stage_k(WFmt f) { return f == WFmt::BF16 ? 64 : 128; }
 // Block-scale bytes per row per stage (MX: one E8M0 byte per 32, NVFP4: one FP8 byte per 16).
 inline int scale_bytes_per_stage(WFmt f) {
   return (f == WFmt::MXFP4 || f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2) ? stage_k(f) / 32
          : f == WFmt::NVFP4                                                   ? stage_k(f) / 16
                                                                               : 0;
 }
+
+// BF16 and INT8 weights are stored per (128-row, 128-byte) stage 128B-swizzled, the layout wgmma
+// reads from shared memory: row r's 16-byte chunk q sits at chunk position sw128_chunk(r, q) of
+// the row (an involution: the same function maps a stored position back to its chunk). A stage
+// block then goes to shared memory as it is (one bulk copy, gemm_wgmma.cuh); the mma.sync kernel
+// undoes the swizzle in its copy.
+QMOE_HD constexpr int sw128_chunk(int r, int q) { return (q ^ r) & 7; }
+static_assert(packed_row_bytes(WFmt::BF16, stage_k(WFmt::BF16)) == 128 && packed_row_bytes(WFmt::INT8, stage_k(WFmt::INT8)) == 128,
+              "BF16 / INT8 stages: one 128-byte swizzle row per weight row");
 
 // FP4 weights (MXFP4, NVFP4) are stored per (128-row, 128-K) stage in MMA-fragment order: 8 KB =
 // [warp 4][q 4][lane 32][j 4] 32-bit words; word (w, q, lane, j) is fragment f = 4q + j

@@ -324,14 +324,16 @@ void upload_projection(const ExpertParams& p, const Tensor& w, const Tensor* bsc
       repack_fp6_fragments(src, e3m2, N, K, d.Npad / kBW, d.Kt, buf.data());
     } else if (fp8_fragment_layout(f)) {
       repack_fp8_fragments(src, N, K, d.Npad / kBW, d.Kt, buf.data());
-    } else {  // BF16 / INT8: tile-major rows
+    } else {  // BF16 / INT8: tile-major rows, 16-byte chunks swizzled (sw128_chunk)
       for (int n = 0; n < N; ++n) {
         const int nt = n / kBW, r = n % kBW;
         for (int kt = 0; kt < d.Kt; ++kt) {
           const int64_t b0 = kt * sb, len = std::min<int64_t>(sb, src_row - b0);
           if (len <= 0) break;
-          std::memcpy(buf.data() + ((int64_t{nt} * d.Kt + kt) * kBW + r) * sb, src + int64_t{n} * src_row + b0,
-                      static_cast<size_t>(len));
+          uint8_t* row = buf.data() + ((int64_t{nt} * d.Kt + kt) * kBW + r) * sb;
+          for (int q = 0; q * 16 < len; ++q)
+            std::memcpy(row + sw128_chunk(r, q) * 16, src + int64_t{n} * src_row + b0 + q * 16,
+                        static_cast<size_t>(std::min<int64_t>(16, len - q * 16)));
         }
       }
     }

@@ -330,15 +330,20 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
   constexpr int kAPer = (kAChunks + kGemmThreads - 1) / kGemmThreads;
   const uint8_t* wsrc = wbase + tid * 16;
   const int64_t s_stride = static_cast<int64_t>(a.Npad) * WT::kScale;  // scale bytes per stage
+  // Stored chunk q of row r goes to chunk q of the shared row, or, BF16 / INT8 (stored 128B-swizzled,
+  // cuda_common.h), to chunk sw128_chunk(r, q) — the chunk it holds.
+  auto w_dst_rq = [](int r, int q) { return r * WT::kStride + (WT::kRegDecode ? q : sw128_chunk(r, q)) * 16; };
   // This thread's weight chunk i lands at w_dst0 + i · (rows per chunk round) · kStride when the
-  // chunks of a row divide the CTA (all but FP6): one register and immediate offsets.
-  const int w_dst0 = (tid / kWChunksRow) * WT::kStride + (tid % kWChunksRow) * 16;
+  // chunks of a row divide the CTA (all but FP6): one register and immediate offsets (the rounds
+  // are 16 rows apart, a multiple of the swizzle's 8).
+  static_assert(kGemmThreads % kWChunksRow != 0 || (kGemmThreads / kWChunksRow) % 8 == 0, "swizzle period");
+  const int w_dst0 = w_dst_rq(tid / kWChunksRow, tid % kWChunksRow);
   auto w_dst = [&](int i) {
     if constexpr (kGemmThreads % kWChunksRow == 0) {
       return w_dst0 + i * (kGemmThreads / kWChunksRow) * WT::kStride;
     } else {
       const int c = tid + i * kGemmThreads;
-      return (c / kWChunksRow) * WT::kStride + (c % kWChunksRow) * 16;
+      return w_dst_rq(c / kWChunksRow, c % kWChunksRow);
     }
   };
   // Weights and block scales of one stage (sources wk, sk) into the stage buffer at byte offset off.

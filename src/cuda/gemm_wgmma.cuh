@@ -73,7 +73,7 @@ __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t saddr) {
          (uint64_t{1} << 62);
 }
 // Byte offset of 16-byte chunk q of row r inside a 128-byte-swizzled block of rows.
-__device__ __forceinline__ int sw128_offset(int r, int q) { return r * 128 + (((q ^ r) & 7) << 4); }
+__device__ __forceinline__ int sw128_offset(int r, int q) { return r * 128 + (sw128_chunk(r, q) << 4); }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -231,19 +231,16 @@ __device__ __forceinline__ void wg_tile_tokens(const GemmArgs& a, int tile, int 
 }
 
 // One 128-row weight tile of a k stage into `st` (wk: the tile's bytes at this stage, offset by
-// this thread's 16), copied by one warpgroup (wtid: the thread's index in it) exactly as
-// gemm_kernel does; BF16 / INT8 rows 128B-swizzled.
+// this thread's 16), copied by one warpgroup (wtid: the thread's index in it) as it is stored: the
+// fragment order of the register-decode formats, the 128B-swizzled rows of BF16 / INT8
+// (cuda_common.h), both what the kernel reads.
 template <class C>
 __device__ __forceinline__ void wg_copy_weights(uint8_t* st, const uint8_t* wk, int wtid) {
   using WT = typename C::WT;
-  constexpr int kWChunksRow = WT::kRaw / 16;
-  constexpr int kWPer = kBW * kWChunksRow / 128;
+  static_assert(C::kW1 == kBW * WT::kRaw, "a stage's weight tile is stored as the kernel reads it");
+  constexpr int kWPer = kBW * WT::kRaw / 16 / 128;
 #pragma unroll
-  for (int i = 0; i < kWPer; ++i) {
-    const int c = wtid + i * 128;
-    const int r = c / kWChunksRow, q = c % kWChunksRow;
-    cp_async16(st + (C::kSS ? sw128_offset(r, q) : r * WT::kStride + q * 16), wk + i * 128 * 16);
-  }
+  for (int i = 0; i < kWPer; ++i) cp_async16(st + (wtid + i * 128) * 16, wk + i * 128 * 16);
 }
 
 // The activation rows of a k stage (koff: its byte offset in a row) into the swizzled layout
@@ -631,6 +628,19 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+// Arrive on `bar` and add `bytes` to the transaction count its phase waits for (the bulk copies
+// below complete them).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// One bulk copy (TMA engine, no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte
+// aligned) from global to this CTA's shared memory, completing `bytes` of `bar`'s transaction count.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -641,13 +651,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // The S-stage ring of the warp-specialised kernels: `full` completes when the producer
-// warpgroup's 128 threads' copies of a stage have landed, `empty` when the 256 consumer threads
-// are done with it (thread 0 initialises them; a CTA barrier must follow).
+// warpgroup's 128 threads' activation copies of a stage (cp.async arrivals) and the stage's weight
+// bytes (one bulk copy per tile, announced by the producer's thread 0: one more arrival) have
+// landed, `empty` when the 256 consumer threads are done with it (thread 0 initialises them; a CTA
+// barrier must follow).
 template <int S>
 __device__ __forceinline__ void ws_init_ring(uint64_t* full_bar, uint64_t* empty_bar, int tid) {
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], 128);   // the producer's threads (cp.async arrivals)
+      mbar_init(&full_bar[s], 129);   // the producer's threads (cp.async arrivals) + the weights' expect_tx
       mbar_init(&empty_bar[s], 256);  // the consumer threads
     }
   }
@@ -724,22 +736,24 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   if (wgi == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWsProducerRegs>();
+    // The stage's weight tiles (and block scales) as stored — one contiguous block each — by bulk
+    // copies that thread 0 issues and announces on `full` (one instruction per block where 128
+    // threads issued 16-byte cp.async: the activation gather keeps those).
+    const int ntw = min(C::kWG, a.Npad / kBW - ty * C::kWG);  // weight tiles of this CTA (1 or 2)
     auto load_w = [&](int buf, int kt) {
-#pragma unroll
-      for (int cw = 0; cw < C::kWG; ++cw) {
+      if (wtid != 0) return;
+      static_assert(C::kW1 == kBW * WT::kRaw && C::kW1 % 16 == 0 && C::kS1 % 16 == 0, "bulk copies of whole blocks");
+      mbar_arrive_expect_tx(&full_bar[buf], static_cast<uint32_t>(ntw * (C::kW1 + C::kS1)));
+      for (int cw = 0; cw < ntw; ++cw) {
         const int wtile = ty * C::kWG + cw;
-        if (wtile >= a.Npad / kBW) continue;
-        uint8_t* st = smem + buf * C::kStageBytes + C::kAStage + cw * C::kW1;
-        wg_copy_weights<C>(st,
-                           a.w + e * a.w_expert_stride + static_cast<int64_t>(wtile) * a.Kt * (kBW * WT::kRaw) +
-                               static_cast<int64_t>(kt) * (kBW * WT::kRaw) + wtid * 16,
-                           wtid);
-        if constexpr (WT::kScale > 0) {
-          uint8_t* ss = smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + cw * C::kS1;
-          const uint8_t* src = a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile * kBW) * WT::kScale +
-                               static_cast<int64_t>(kt) * a.Npad * WT::kScale;
-          if (wtid < C::kS1 / 16) cp_async16(ss + wtid * 16, src + wtid * 16);
-        }
+        bulk_copy_g2s(smem + buf * C::kStageBytes + C::kAStage + cw * C::kW1,
+                      a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * C::kW1, C::kW1,
+                      &full_bar[buf]);
+        if constexpr (WT::kScale > 0)
+          bulk_copy_g2s(smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + cw * C::kS1,
+                        a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile * kBW) * WT::kScale +
+                            static_cast<int64_t>(kt) * a.Npad * WT::kScale,
+                        C::kS1, &full_bar[buf]);
       }
     };
     auto load_a = [&](int buf, int kt) {
@@ -837,16 +851,15 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
   if (wgi == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWsProducerRegs>();
+    // The stage's weight tiles by bulk copies from thread 0 (as gemm_ws_kernel).
+    const int ntw = min(NW, ntiles - ty * NW);
     auto load_w = [&](int buf, int kt) {
-#pragma unroll
-      for (int cw = 0; cw < NW; ++cw) {
-        const int wtile = ty * NW + cw;
-        if (wtile >= ntiles) continue;
-        uint8_t* st = smem + buf * C::kStageBytes + C::kATile + cw * C::kW + wtid * 16;
-        const uint8_t* src = a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * C::kW + wtid * 16;
-#pragma unroll
-        for (int i = 0; i < C::kW / (128 * 16); ++i) cp_async16(st + i * 2048, src + i * 2048);
-      }
+      if (wtid != 0) return;
+      mbar_arrive_expect_tx(&full_bar[buf], static_cast<uint32_t>(ntw * C::kW));
+      for (int cw = 0; cw < ntw; ++cw)
+        bulk_copy_g2s(smem + buf * C::kStageBytes + C::kATile + cw * C::kW,
+                      a.w + e * a.w_expert_stride + (static_cast<int64_t>(ty * NW + cw) * a.Kt + kt) * C::kW, C::kW,
+                      &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
       wg_copy_acts<C, false, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
