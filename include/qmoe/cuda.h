@@ -64,6 +64,11 @@ struct CudaOptions {
   // gemm_ws_f8_kernel with one / two weight tiles per CTA; -1 = env QMOE_CUDA_F8 (wg | ws1 | ws2),
   // else 2. For tests and measurements.
   int fp8_kernel = -1;
+  // Activation tiles by TMA on the warp-specialised wgmma kernel (128-token tiles): 0 off (cp.async
+  // gathers), 1 GEMM2 always and GEMM1 where 2 · intermediate ≥ 4096 (its operand is first gathered
+  // into tile order), 2 both GEMMs always; -1 = env QMOE_CUDA_TMA (0 | 1 | all), else 1. For tests
+  // and measurements.
+  int tma = -1;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   // Tiles of 32 tokens and up on Hopper's warpgroup MMA where the tile table picks it (sm_90a

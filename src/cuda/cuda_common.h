@@ -1,6 +1,7 @@
 // Internal declarations shared by the CUDA backend's host code (.cc) and kernels (.cu).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a type only: the driver is reached through the runtime's entry point)
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -129,7 +130,26 @@ struct GemmArgs {
   // before: read them only after pdl_wait (launch.cuh).
   bool tiles_after_wait = false;
   int f8_kernel = 0;  // AFmt::E4m3: CudaOptions::fp8_kernel, resolved (0, 1, 2)
+  // Activation tiles by TMA (the warp-specialised kernels, 128-token tiles: ws_tma_built): the
+  // operand rows in tile order — row offsets[e] + m + i of a_sorted holds the row of sorted slot
+  // offsets[e] + m + i (launch_gather_rows) — read through 2-D tensor maps (make_rows_tmap: 128
+  // bytes × 128 rows per box, 128B-swizzled) of the hi and, Bf16Split, lo rows. a_hi / a_lo /
+  // a_rowscale keep their meaning (the row scales are read per slot as before).
+  bool a_tma = false;
+  CUtensorMap tma_hi{}, tma_lo{};
 };
+
+// A tensor map of `rows` rows of `row_bytes` bytes (a multiple of 16) at `base` (16-byte aligned):
+// boxes of 128 bytes × box_rows rows, 128B-swizzled in shared memory as wgmma reads them, rows past
+// the end read as zeros.
+CUtensorMap make_rows_tmap(const void* base, int64_t rows, int64_t row_bytes, int box_rows);
+// dst row p ← src row sorted_slots[p] / row_div for p < offsets[E_loc] (the local slots in expert
+// order), row_bytes each (a multiple of 16); hi and, when both are set, lo.
+void launch_gather_rows(const void* src_hi, const void* src_lo, int64_t row_bytes, const int32_t* sorted_slots,
+                        int row_div, const int32_t* total, int max_rows, void* dst_hi, void* dst_lo, cudaStream_t s);
+// Whether the warp-specialised kernel with TMA activation tiles is built for this format and
+// activation operand (128-token tiles).
+bool ws_tma_built(WFmt wf, AFmt af);
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().
@@ -158,6 +178,9 @@ struct RowOut {
   void* a_lo = nullptr;
   float* rowscale = nullptr;
   int64_t stride = 0;  // elements per row (Kpad)
+  // When set, the values of row r go to row row_map[r] (the tile order of GemmArgs::a_tma:
+  // AlignArgs::slot_pos); rowscale[r] stays at r.
+  const int32_t* row_map = nullptr;
 };
 
 struct ActParams {
@@ -177,6 +200,7 @@ struct AlignArgs {
   int32_t* counts = nullptr;           // [E_loc]
   int32_t* offsets = nullptr;          // [E_loc + 1]
   int32_t* sorted_slots = nullptr;     // [TK]
+  int32_t* slot_pos = nullptr;         // [TK] position of a local slot in sorted_slots (the inverse)
   int32_t* tile_expert = nullptr;      // [max_tiles]
   int32_t* tile_m0 = nullptr;
   int32_t* num_tiles = nullptr;        // [1]

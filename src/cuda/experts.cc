@@ -25,6 +25,10 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
 
 namespace {
 
+// GEMM1 reads its activation tiles by TMA (after a gather into tile order) from this many output
+// features on (experts.cc, run_device).
+constexpr int kTmaGatherMinN = 4096;
+
 std::string str(const Shape& s) { return shape_str(s); }
 
 // Owning device allocation.
@@ -110,7 +114,7 @@ struct CudaExperts::Impl {
 
   // Work buffers (reserve).
   int max_T = 0, max_K = 0, cap_rows = 0;
-  DevBuf slot_local, sorted_slots, counts, offsets, tile_expert, tile_m0, num_tiles;
+  DevBuf slot_local, sorted_slots, slot_pos, counts, offsets, tile_expert, tile_m0, num_tiles;
   DevBuf bad;  // [max_T] token rows with non-finite hidden states (quant_input → combine)
   // opt.wgmma and this build's wgmma kernels run on the device: resolved once at construction
   // (a device-properties query), not per launch.
@@ -122,11 +126,19 @@ struct CudaExperts::Impl {
   int f8_kernel = 0;  // CudaOptions::fp8_kernel resolved (GemmArgs::f8_kernel)
   DevBuf a1_e8, a2_e8;
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
+  // The GEMM operands in tile order for the TMA activation tiles (GemmArgs::a_tma): [TK][Kpad]
+  // rows of either GEMM's input, hi and lo. Reserved where a call can run 128-token tiles on the
+  // wgmma kernels (tma_rows > 0) and QMOE_CUDA_TMA is not 0.
+  int tma_mode = 1;  // CudaOptions::tma resolved
+  int tma_rows = 0;
+  DevBuf a1s_hi, a1s_lo, a2s_hi, a2s_lo;
   // Host-call staging.
   DevBuf h_x, h_ids, h_w, h_out;
   int h_T = 0, h_K = 0;
 
   int a_elem_bytes() const { return af == AFmt::Int8 ? 1 : 2; }
+  // GEMM1 takes the TMA path too (its operand gathered into tile order first).
+  bool tma_gather1() const { return tma_mode == 2 || w13.N >= kTmaGatherMinN; }
 
   struct Plan {
     int bt = 16, max_tiles = 0, ks1 = 1, ks2 = 1, kps1 = 0, kps2 = 0;
@@ -454,6 +466,16 @@ static int resolve_fp8_kernel(int k) {
   throw Error(std::string("QMOE_CUDA_F8='") + v + "': expected wg, ws1 or ws2");
 }
 
+static int resolve_tma(int t) {
+  if (t < -1 || t > 2) throw Error("CUDA experts: tma must be -1, 0, 1 or 2, got " + std::to_string(t));
+  if (t >= 0) return t;
+  const char* v = std::getenv("QMOE_CUDA_TMA");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  if (std::strcmp(v, "all") == 0) return 2;
+  throw Error(std::string("QMOE_CUDA_TMA='") + v + "': expected 0, 1 or all");
+}
+
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
   QMOE_CUDA_CHECK(cudaSetDevice(opt.device));
   m.scheme = &s;
@@ -465,6 +487,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   // at T = 1024 / 4096 (bench/RESULTS.md, 2026-12-04); CudaExperts.Fp8TensorCoreMode (all three
   // kernels) passed with test_cuda 310 / 310 and under compute-sanitizer memcheck on 2026-12-05.
   m.f8_kernel = resolve_fp8_kernel(opt.fp8_kernel);
+  m.tma_mode = resolve_tma(opt.tma);
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
   if (int8_w != int8_a)
@@ -684,6 +707,7 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   const int64_t max_tiles = std::min<int64_t>(TK, m.E_loc) + (TK + 7) / 8;  // smallest token tile: 8
   m.slot_local.alloc(sizeof(int32_t) * TK);
   m.sorted_slots.alloc(sizeof(int32_t) * TK);
+  m.slot_pos.alloc(sizeof(int32_t) * TK);
   m.counts.alloc(sizeof(int32_t) * m.E_loc);
   m.offsets.alloc(sizeof(int32_t) * (m.E_loc + 1));
   m.tile_expert.alloc(sizeof(int32_t) * max_tiles);
@@ -706,6 +730,17 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.y2p.alloc(sizeof(float) * m.cap_rows * static_cast<size_t>(m.H), false);
   if (m.scheme->act == ActQuant::Fp8DynTensor) m.zbuf.alloc(sizeof(float) * TK * static_cast<size_t>(m.I), false);
   m.amax.alloc(2 * sizeof(unsigned));
+  // Last, so that the buffers above keep the addresses they had without them.
+  m.tma_rows = 0;
+  if (m.wgmma && TK >= 128 && m.tma_mode > 0) {
+    m.tma_rows = static_cast<int>(TK);
+    if (m.tma_gather1()) {
+      m.a1s_hi.alloc(static_cast<size_t>(TK) * m.w13.Kpad * eb, false);
+      if (split) m.a1s_lo.alloc(static_cast<size_t>(TK) * m.w13.Kpad * eb, false);
+    }
+    m.a2s_hi.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);  // zeroed: the act kernels never write the K padding
+    if (split) m.a2s_lo.alloc(static_cast<size_t>(TK) * m.w2.Kpad * eb);
+  }
 }
 
 void CudaExperts::run_device(const float* d_x, int T, int K, const int32_t* d_topk_ids, const float* d_topk_weights,
@@ -748,6 +783,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   al.counts = m.counts.as<int32_t>();
   al.offsets = m.offsets.as<int32_t>();
   al.sorted_slots = m.sorted_slots.as<int32_t>();
+  al.slot_pos = m.slot_pos.as<int32_t>();
   al.tile_expert = m.tile_expert.as<int32_t>();
   al.tile_m0 = m.tile_m0.as<int32_t>();
   al.num_tiles = m.num_tiles.as<int32_t>();
@@ -818,16 +854,44 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.f8_kernel = m.f8_kernel;
     return g;
   };
+  // 128-token tiles on the warp-specialised kernel read their activation tiles by TMA from a copy
+  // of the operand in tile order (GemmArgs::a_tma): GEMM2's written so by the activation kernel
+  // (RowOut::row_map), GEMM1's by a gather of the quantized rows where its cost (a pass over T · K
+  // rows of H, twice with the hi + lo split) is small next to the GEMM's: N = 2I ≥ kTmaGatherMinN.
+  // Measured on an H100 (bench/RESULTS.md 2026-12-05 night, TMA on both GEMMs against none, T =
+  // 256 / 1024 / 4096): mixtral-8x7b 1.07–1.24x at T >= 1024 on every scheme; gpt-oss-120b and
+  // deepseek-v3 1.04–1.13x at T = 4096; qwen3-30b-a3b (2I = 1536) 0.94–1.04x, and with GEMM1's
+  // gather left out no loss there.
+  auto use_tma = [&](AFmt af) {
+    return m.tma_rows >= TK && pl.bt == 128 && m.wgmma && ws_tma_built(m.wf, af) && (af != AFmt::E4m3 || m.f8_kernel > 0);
+  };
+  auto set_tma = [&](GemmArgs& g, const DevWeights& d, AFmt af, const DevBuf& shi, const DevBuf& slo, bool gather) {
+    const int64_t rb = int64_t{d.Kpad} * eb;
+    if (gather)
+      launch_gather_rows(g.a_hi, af == AFmt::Bf16Split ? g.a_lo : nullptr, rb, g.sorted_slots, g.a_row_div,
+                         g.offsets + m.E_loc, TK, shi.get(), af == AFmt::Bf16Split ? slo.get() : nullptr, s);
+    g.a_tma = true;
+    g.tma_hi = make_rows_tmap(shi.get(), TK, rb, 128);
+    if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, 128);
+  };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
   g1.tiles_after_wait = fuse_prep;
+  if (use_tma(af1) && m.tma_gather1()) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
+  const bool tma2 = use_tma(af2);
   RowOut o2{a2.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
+  if (tma2) {
+    o2.a_hi = m.a2s_hi.get();
+    o2.a_lo = m.a2s_lo.get();
+    o2.row_map = m.slot_pos.as<int32_t>();
+  }
   launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
              dyn_tensor, m.zbuf.as<float>(), amax + 1, m.num_sms, s);
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
-  const GemmArgs g2 = gemm_args(m.w2, a2, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  GemmArgs g2 = gemm_args(m.w2, a2, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  if (tma2) set_tma(g2, m.w2, af2, m.a2s_hi, m.a2s_lo, false);
   launch_gemm(m.wf, af2, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 
   launch_combine(m.y2p.as<float>(), pl.ks2, T, K, m.H, m.slot_local.as<int32_t>(), d_topk_weights,

@@ -532,7 +532,7 @@ void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
     if (wg) {
       if constexpr (ws_built<WF, SPLIT, BT>()) {
         const WsMode m = ws_mode();
-        if (m == WsMode::All || (m == WsMode::Default && ws_default<WF, SPLIT, BT>())) {
+        if (a.a_tma || m == WsMode::All || (m == WsMode::Default && ws_default<WF, SPLIT, BT>())) {
           launch_gemm_ws<WF, SPLIT, BT>(a, grid, s);
           return;
         }
@@ -544,8 +544,17 @@ void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   launch_gemm_t<WF, BT, SPLIT>(a, grid, s);
 }
 
+// Only the warp-specialised kernels read activation tiles by TMA: a_tma is set by the caller
+// where ws_tma_built says the kernel exists (128-token tiles, wgmma).
+template <WFmt WF, bool SPLIT>
+constexpr bool ws_tma_built_for() {
+  return ws_built<WF, SPLIT, 128>();
+}
+
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
+  if (a.a_tma && !(bt == 128 && wg && ws_tma_built_for<WF, SPLIT>()))
+    throw Error("CUDA GEMM: TMA activation tiles need the 128-token warp-specialised kernel");
   static_assert(WgCfg<WF, SPLIT>::kSupported ==
                     wgmma_supported(WF, SPLIT ? AFmt::Bf16Split : WF == WFmt::INT8 ? AFmt::Int8 : AFmt::Bf16),
                 "wgmma_supported() must match the kernel's configuration");

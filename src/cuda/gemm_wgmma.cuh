@@ -215,10 +215,11 @@ __device__ __forceinline__ void wg_cta_tile(int& tile, int& ty) {
 }
 
 // The token tile's expert and token count; its tokens' slots and activation rows into shared
-// memory (threads t = 0 … kThreads − 1; −1 past the count).
+// memory (threads t = 0 … kThreads − 1; −1 past the count). Returns the tile's first position in
+// the expert-ordered slot list (its first row in a tile-ordered operand, GemmArgs::a_tma).
 template <int BT, int kThreads>
-__device__ __forceinline__ void wg_tile_tokens(const GemmArgs& a, int tile, int t, int& e, int& cnt, int* s_slot,
-                                               int* s_arow) {
+__device__ __forceinline__ int wg_tile_tokens(const GemmArgs& a, int tile, int t, int& e, int& cnt, int* s_slot,
+                                              int* s_arow) {
   e = __ldcg(a.tile_expert + tile);
   const int m0 = __ldcg(a.tile_m0 + tile);
   cnt = min(BT, __ldcg(a.counts + e) - m0);
@@ -228,6 +229,7 @@ __device__ __forceinline__ void wg_tile_tokens(const GemmArgs& a, int tile, int 
     s_slot[i] = slot;
     s_arow[i] = slot < 0 ? -1 : slot / a.a_row_div;
   }
+  return base;
 }
 
 // One 128-row weight tile of a k stage into `st` (wk: the tile's bytes at this stage, offset by
@@ -456,6 +458,7 @@ struct WgF8Cfg {
   static_assert(NW == 1 || NW == 2, "weight tiles per CTA");
   static constexpr bool kSS = false;
   static constexpr int kARaw = 128;  // activation bytes per row per stage: 128 e4m3 codes, one swizzle row
+  static constexpr int kAtoms = 1;
   static constexpr int kATile = BT * 128;
   static constexpr int kW = kBW * WT::kStride;  // one 128-row weight tile of a stage (16 KB)
   static constexpr int kStageBytes = (kATile + NW * kW + 1023) / 1024 * 1024;
@@ -597,14 +600,21 @@ __global__ void __launch_bounds__(256, 1) gemm_wg_f8_kernel(const GemmArgs a) {
 // ---- warp-specialised form (128-token tiles, two consumer warpgroups) ------------------------------
 // The same tile, stage layout and per-warpgroup compute as gemm_wg_kernel, reorganised so that no
 // warp both copies and multiplies and no CTA-wide barrier sits in the main loop: warpgroup 0 is the
-// producer (cp.async of both weight tiles, their scales and the activation rows, then
-// cp.async.mbarrier.arrive.noinc on the stage's `full` barrier: it completes when all 128 threads'
-// copies have landed), warpgroups 1 and 2 are consumers (wait on `full`, decode and issue wgmma as
-// gemm_wg_kernel does, and arrive on the stage's `empty` barrier once the wgmma groups that read it
-// are complete — after the current stage's groups are issued, when at most kInFlight + 1 groups,
-// all of the current stage, remain; every consumer thread arrives). The producer refills a stage only after `empty` completes, so up
-// to S stages are in flight (gemm_wg_kernel: S − 2). Registers move to the consumers with setmaxnreg
-// (producer kWsProducerRegs, consumers kWsConsumerRegs: 128 · 56 + 256 · 224 = 64512 of 65536).
+// producer, warpgroups 1 and 2 are consumers (wait on the stage's `full` barrier, decode and issue
+// wgmma as gemm_wg_kernel does, and arrive on its `empty` barrier once the wgmma groups that read
+// it are complete — after the current stage's groups are issued, when at most kInFlight + 1 groups,
+// all of the current stage, remain; every consumer thread arrives). The producer refills a stage
+// only after `empty` completes, so up to S stages are in flight (gemm_wg_kernel: S − 2). Per stage
+// its thread 0 issues one bulk copy per weight tile and block-scale block (each stored contiguous,
+// in the layout the kernel reads) and, with GemmArgs::a_tma, the activation tile as TMA boxes of
+// the tile-ordered operand (128B-swizzled by the TMA unit), announcing their bytes on `full`;
+// without a_tma the 128 producer threads gather the activation rows by cp.async as gemm_wg_kernel
+// does. `full` completes with those bytes and the 128 threads' cp.async.mbarrier.arrive.noinc.
+// The activation copies were the cost: with the operand in tile order and one TMA box per 128-byte
+// column, mixtral-8x7b at T = 4096 runs 1.12–1.2x faster (bench/RESULTS.md 2026-12-05 night), where
+// moving the weights alone from cp.async to bulk copies changed nothing. Registers move to the
+// consumers with setmaxnreg (producer kWsProducerRegs, consumers kWsConsumerRegs: 128 · 56 + 256 ·
+// 224 = 64512 of 65536).
 constexpr int kWsProducerRegs = 56, kWsConsumerRegs = 224;
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -640,6 +650,45 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
                    smem_u32(dst)),
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
+}
+// Add `bytes` to the transaction count of `bar`'s current phase without arriving.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// One box of a 2-D tensor map (a __grid_constant__ kernel parameter) at coordinates (c0 bytes, c1
+// rows) into this CTA's shared memory (1024-byte aligned for the 128B swizzle), completing the
+// box's bytes of `bar`'s transaction count.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+// The activation tile of stage kt of a ws kernel by TMA (GemmArgs::a_tma): thread 0 of the
+// producer announces the bytes on `bar` and loads the kAtoms 128-byte columns of the BT rows from
+// row `row0` of the tile-ordered operand (and of its lo part, SPLIT).
+template <class C, bool SPLIT>
+__device__ __forceinline__ void ws_tma_acts(const GemmArgs& a, uint8_t* adst, int kt, int row0, uint64_t* bar) {
+  constexpr int kBox = 128 * C::BT;
+  mbar_expect_tx(bar, static_cast<uint32_t>(C::kAtoms * kBox * (SPLIT ? 2 : 1)));
+#pragma unroll
+  for (int q = 0; q < C::kAtoms; ++q) {
+    const int c0 = kt * C::kARaw + q * 128;
+    tma_load_2d(adst + q * kBox, &a.tma_hi, c0, row0, bar);
+    if constexpr (SPLIT) tma_load_2d(adst + C::kATile + q * kBox, &a.tma_lo, c0, row0, bar);
+  }
+}
+// The producer's activation tile of stage kt into the stage buffer st: by TMA from the tile-ordered
+// operand (thread 0) or gathered by the 128 producer threads (wtid) through cp.async.
+template <class C, bool SPLIT>
+__device__ __forceinline__ void ws_load_acts(const GemmArgs& a, uint8_t* st, int kt, int row0, int wtid, const int* s_arow,
+                                             uint64_t* bar) {
+  if (a.a_tma) {
+    if (wtid == 0) ws_tma_acts<C, SPLIT>(a, st, kt, row0, bar);
+  } else {
+    wg_copy_acts<C, SPLIT, 128, 4>(a, st, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
+  }
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
@@ -706,7 +755,7 @@ constexpr bool ws_default() {
 }
 
 template <WFmt WF, bool SPLIT, int BT_>
-__global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
+__global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__ GemmArgs a) {
 #if QMOE_WGMMA_DEVICE
   using C = WgCfg<WF, SPLIT, BT_>;
   using WT = typename C::WT;
@@ -725,7 +774,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   int e, cnt;
-  wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
+  const int row0 = wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
   ws_init_ring<S>(full_bar, empty_bar, tid);
   const int split = blockIdx.z;
   const int kt0 = split * a.kt_per_split;
@@ -757,7 +806,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
       }
     };
     auto load_a = [&](int buf, int kt) {
-      wg_copy_acts<C, SPLIT, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
+      ws_load_acts<C, SPLIT>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);
     };
     ws_produce<S>(nk, kt0, full_bar, empty_bar, load_w, load_a);
   } else {
@@ -814,15 +863,15 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const GemmArgs a) {
 #endif
 }
 
-// The e4m3 kernel in the warp-specialised form of gemm_ws_kernel: warpgroup 0 copies (cp.async into
-// the S-stage ring, `full` / `empty` mbarriers), warpgroups 1 and 2 multiply with no CTA barrier, so
+// The e4m3 kernel in the warp-specialised form of gemm_ws_kernel: warpgroup 0 copies (bulk copies,
+// TMA or cp.async into the S-stage ring, as there), warpgroups 1 and 2 multiply with no CTA barrier, so
 // one warpgroup's waits and promotions overlap the other's MMAs. NW = 1: the CTA is one 128-row
 // weight tile and consumer c takes its m-fragment c (as gemm_wg_f8_kernel); NW = 2: the CTA is two
 // weight tiles against one activation tile (a third less copied per MMA) and consumer c takes all
 // of tile c, one m-fragment after the other (its stage sum is one m64 accumulator: the registers
 // hold two fp32 accumulators and one stage sum).
 template <int BT_, int NW>
-__global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
+__global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const __grid_constant__ GemmArgs a) {
 #if QMOE_WGMMA_DEVICE
   using C = WgF8Cfg<BT_, NW>;
   constexpr int BT = C::BT, NT = BT / 8, S = C::kStages;
@@ -839,7 +888,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
   if (tile >= __ldcg(a.num_tiles)) return;
   const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   int e, cnt;
-  wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
+  const int row0 = wg_tile_tokens<BT, 384>(a, tile, tid, e, cnt, s_slot, s_arow);
   ws_init_ring<S>(full_bar, empty_bar, tid);
   const int ntiles = a.Npad / kBW;
   const int split = blockIdx.z;
@@ -862,7 +911,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const GemmArgs a) {
                       &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
-      wg_copy_acts<C, false, 128, 4>(a, smem + buf * C::kStageBytes, static_cast<int64_t>(kt) * C::kARaw, wtid, s_arow);
+      ws_load_acts<C, false>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);
     };
     ws_produce<S>(nk, kt0, full_bar, empty_bar, load_w, load_a);
   } else {

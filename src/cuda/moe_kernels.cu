@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -97,7 +98,11 @@ __device__ __forceinline__ void align_block(const AlignArgs& a) {
       le[q] = ld_issue(a.slot_local + i0 + q * kAlignThreads, i0 + q * kAlignThreads < a.TK, -1);
 #pragma unroll
     for (int q = 0; q < kAlignIlp; ++q)
-      if (le[q] >= 0) a.sorted_slots[atomicAdd(&s_pos[le[q]], 1)] = i0 + q * kAlignThreads;
+      if (le[q] >= 0) {
+        const int p = atomicAdd(&s_pos[le[q]], 1);
+        a.sorted_slots[p] = i0 + q * kAlignThreads;
+        a.slot_pos[i0 + q * kAlignThreads] = p;
+      }
   }
 }
 
@@ -105,6 +110,35 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a)
 
 void launch_align(const AlignArgs& a, cudaStream_t s) {
   launch_pdl(align_kernel, 1, kAlignThreads, 0, s, a);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- the GEMM operand rows in tile order (GemmArgs::a_tma) ---------------------------------------
+constexpr int kGatherThreads = 256;
+
+// One block per destination row p (grid: the bound max_rows; rows at or past *total are skipped).
+__global__ void __launch_bounds__(kGatherThreads)
+    gather_rows_kernel(const uint4* __restrict__ src_hi, const uint4* __restrict__ src_lo, int64_t row_words,
+                       const int32_t* __restrict__ sorted_slots, int row_div, const int32_t* __restrict__ total,
+                       uint4* __restrict__ dst_hi, uint4* __restrict__ dst_lo) {
+  pdl_wait();
+  pdl_trigger();
+  const int p = blockIdx.x;
+  if (p >= __ldcg(total)) return;
+  const int64_t from = static_cast<int64_t>(__ldcg(sorted_slots + p) / row_div) * row_words;
+  const int64_t to = static_cast<int64_t>(p) * row_words;
+  for (int64_t i = threadIdx.x; i < row_words; i += kGatherThreads) {
+    dst_hi[to + i] = src_hi[from + i];
+    if (dst_lo) dst_lo[to + i] = src_lo[from + i];
+  }
+}
+
+void launch_gather_rows(const void* src_hi, const void* src_lo, int64_t row_bytes, const int32_t* sorted_slots,
+                        int row_div, const int32_t* total, int max_rows, void* dst_hi, void* dst_lo, cudaStream_t s) {
+  if (max_rows <= 0) return;
+  launch_pdl(gather_rows_kernel, max_rows, kGatherThreads, 0, s, static_cast<const uint4*>(src_hi),
+             static_cast<const uint4*>(src_lo), row_bytes / 16, sorted_slots, row_div, total, static_cast<uint4*>(dst_hi),
+             static_cast<uint4*>(dst_lo));
   QMOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -477,7 +511,7 @@ __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1
         }
     }
   }
-  const int64_t orow = static_cast<int64_t>(slot) * o.stride;
+  const int64_t orow = static_cast<int64_t>(o.row_map ? o.row_map[slot] : slot) * o.stride;
 #pragma unroll
   for (int r = 0; r < kIlp; ++r) {
     const int f = feat(r);
