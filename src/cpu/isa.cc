@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdlib>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -47,22 +51,66 @@ bool amx_permitted() {
 #endif
 }
 
+#if defined(__x86_64__)
+bool bit(unsigned reg, int b) { return (reg >> b) & 1u; }
+
+CpuFeatures read_cpu_features() {
+  CpuFeatures f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return f;
+  const unsigned max_leaf = a;
+  __cpuid(1, a, b, c, d);
+  // XCR0 (XGETBV 0, valid where CPUID.1:ECX.OSXSAVE): which register state the OS saves.
+  uint64_t xcr0 = 0;
+  if (bit(c, 27)) {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (uint64_t{hi} << 32) | lo;
+  }
+  const bool os_avx = (xcr0 & 0x6u) == 0x6u;                            // SSE, AVX (YMM)
+  const bool os_avx512 = os_avx && (xcr0 & 0xE0u) == 0xE0u;             // opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_amx = (xcr0 & (uint64_t{3} << 17)) == (uint64_t{3} << 17);  // XTILECFG, XTILEDATA
+  f.fma = os_avx && bit(c, 12);
+  f.f16c = os_avx && bit(c, 29);
+  if (max_leaf < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const unsigned max_sub = a;
+  f.avx2 = os_avx && bit(b, 5);
+  f.avx512f = os_avx512 && bit(b, 16);
+  f.avx512dq = os_avx512 && bit(b, 17);
+  f.avx512bw = os_avx512 && bit(b, 30);
+  f.avx512vl = os_avx512 && bit(b, 31);
+  f.avx512vnni = os_avx512 && bit(c, 11);
+  f.amx_bf16 = os_amx && bit(d, 22);
+  f.amx_tile = os_amx && bit(d, 24);
+  f.amx_int8 = os_amx && bit(d, 25);
+  if (max_sub >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512bf16 = os_avx512 && bit(a, 5);
+  }
+  return f;
+}
+#else
+CpuFeatures read_cpu_features() { return {}; }
+#endif
+
 }  // namespace
 
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = read_cpu_features();
+  return f;
+}
+
 bool isa_supported(Isa isa) {
+  const CpuFeatures& f = cpu_features();
   switch (isa) {
     case Isa::Scalar: return true;
-    case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx2: return f.avx2 && f.fma && f.f16c;
     case Isa::Avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    case Isa::Avx512Bf16: return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
+      return isa_supported(Isa::Avx2) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+    case Isa::Avx512Bf16: return isa_supported(Isa::Avx512) && f.avx512bf16;
     case Isa::Amx:
-      return isa_supported(Isa::Avx512Bf16) && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-             __builtin_cpu_supports("amx-int8") && amx_permitted();
+      return isa_supported(Isa::Avx512Bf16) && f.amx_tile && f.amx_bf16 && f.amx_int8 && amx_permitted();
   }
   return false;
 }

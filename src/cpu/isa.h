@@ -21,6 +21,15 @@ enum class Isa { Scalar, Avx2, Avx512, Avx512Bf16, Amx };
 
 std::string_view isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);  // nullopt for unknown names
+// The x86 features the targets need, read from CPUID and XGETBV (the OS saves the registers:
+// XCR0's AVX, AVX-512 and AMX tile state bits), the same on every compiler (GCC's and clang's
+// __builtin_cpu_supports know different feature names). All false off x86-64.
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+};
+const CpuFeatures& cpu_features();
 // Whether this CPU (and OS) can run the kernels of `isa`: AVX2 needs AVX2+FMA+F16C; AVX-512 needs
 // F, BW, VL, DQ and VNNI; avx512bf16 also AVX512_BF16; amx also AMX-TILE/BF16/INT8 and the OS's
 // permission to use tile data (asked for once per process).

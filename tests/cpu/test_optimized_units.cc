@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -675,6 +676,38 @@ TEST(OptimizedUnits, ThreadPoolHelpersJoinAfterSpinSleepAndPrewake) {
   EXPECT_TRUE(region_has_two_members()) << "prewake, then the spin ran out";
   ThreadPool::instance().prewake(1);  // one thread: nothing to wake
   EXPECT_TRUE(region_has_two_members()) << "after prewake(1)";
+}
+
+// The CPUID / XGETBV reading (cpu_features) says what GCC's __builtin_cpu_supports says, feature by
+// feature, on the machine the tests run on; the targets follow from the features.
+TEST(OptimizedUnits, CpuFeaturesMatchTheCompilersView) {
+  const CpuFeatures& f = cpu_features();
+  std::printf("[ cpu      ] avx2 %d fma %d f16c %d avx512 f %d dq %d bw %d vl %d vnni %d bf16 %d amx tile %d bf16 %d int8 %d\n",
+              f.avx2, f.fma, f.f16c, f.avx512f, f.avx512dq, f.avx512bw, f.avx512vl, f.avx512vnni, f.avx512bf16,
+              f.amx_tile, f.amx_bf16, f.amx_int8);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  EXPECT_EQ(f.avx2, !!__builtin_cpu_supports("avx2"));
+  EXPECT_EQ(f.fma, !!__builtin_cpu_supports("fma"));
+  EXPECT_EQ(f.f16c, !!__builtin_cpu_supports("f16c"));
+  EXPECT_EQ(f.avx512f, !!__builtin_cpu_supports("avx512f"));
+  EXPECT_EQ(f.avx512dq, !!__builtin_cpu_supports("avx512dq"));
+  EXPECT_EQ(f.avx512bw, !!__builtin_cpu_supports("avx512bw"));
+  EXPECT_EQ(f.avx512vl, !!__builtin_cpu_supports("avx512vl"));
+  EXPECT_EQ(f.avx512vnni, !!__builtin_cpu_supports("avx512vnni"));
+  EXPECT_EQ(f.avx512bf16, !!__builtin_cpu_supports("avx512bf16"));
+  EXPECT_EQ(f.amx_tile, !!__builtin_cpu_supports("amx-tile"));
+  EXPECT_EQ(f.amx_bf16, !!__builtin_cpu_supports("amx-bf16"));
+  EXPECT_EQ(f.amx_int8, !!__builtin_cpu_supports("amx-int8"));
+#else
+  GTEST_SKIP() << "no GCC __builtin_cpu_supports view to compare with";
+#endif
+  EXPECT_EQ(isa_supported(Isa::Avx2), f.avx2 && f.fma && f.f16c);
+  EXPECT_EQ(isa_supported(Isa::Avx512),
+            isa_supported(Isa::Avx2) && f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl && f.avx512vnni);
+  EXPECT_EQ(isa_supported(Isa::Avx512Bf16), isa_supported(Isa::Avx512) && f.avx512bf16);
+  if (isa_supported(Isa::Amx)) {
+    EXPECT_TRUE(f.amx_tile && f.amx_bf16 && f.amx_int8);
+  }
 }
 
 }  // namespace
