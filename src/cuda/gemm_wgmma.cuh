@@ -741,8 +741,9 @@ __device__ __forceinline__ void ws_produce(int nk, int kt0, uint64_t* full_bar, 
 // (bench/RESULTS.md 2026-12-03, interleaved A/B against gemm_wg_kernel, T = 1024 / 4096, mixtral /
 // qwen3 / deepseek / gpt-oss): that case 1.04–1.13x faster (tensor pipe 62 -> 72–78 % on mixtral
 // T = 4096); bf16 activations (one MMA per step) 0.96–1.0x, register-decoded formats (MXFP4 /
-// NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) all stay on gemm_wg_kernel unless
-// QMOE_CUDA_WS=all (gemm.cuh ws_mode) asks for them.
+// NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) stay on gemm_wg_kernel unless their
+// activation tiles come by TMA (GemmArgs::a_tma: then every format it is built for runs here, the
+// faster choice, bench/RESULTS.md 2026-12-05 night) or QMOE_CUDA_WS=all (gemm.cuh ws_mode) asks.
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_built() {
   using C = WgCfg<WF, SPLIT, BT>;
