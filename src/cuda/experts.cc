@@ -127,8 +127,9 @@ struct CudaExperts::Impl {
   DevBuf a1_e8, a2_e8;
   DevBuf a1_hi, a1_lo, a1_scale, a2_hi, a2_lo, a2_scale, y1p, y2p, zbuf, amax;
   // The GEMM operands in tile order for the TMA activation tiles (GemmArgs::a_tma): [TK][Kpad]
-  // rows of either GEMM's input, hi and lo. Reserved where a call can run 128-token tiles on the
-  // wgmma kernels (tma_rows > 0) and QMOE_CUDA_TMA is not 0.
+  // rows of either GEMM's input, hi and lo (GEMM1's only where it takes the path, tma_gather1).
+  // Reserved (tma_rows > 0) for up to TK ≥ 128 slots on the wgmma kernels unless CudaOptions::tma
+  // (QMOE_CUDA_TMA) is 0: a second copy of GEMM2's operand buffer, and of GEMM1's T · K rows.
   int tma_mode = 1;  // CudaOptions::tma resolved
   int tma_rows = 0;
   DevBuf a1s_hi, a1s_lo, a2s_hi, a2s_lo;
@@ -858,10 +859,10 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   // of the operand in tile order (GemmArgs::a_tma): GEMM2's written so by the activation kernel
   // (RowOut::row_map), GEMM1's by a gather of the quantized rows where its cost (a pass over T · K
   // rows of H, twice with the hi + lo split) is small next to the GEMM's: N = 2I ≥ kTmaGatherMinN.
-  // Measured on an H100 (bench/RESULTS.md 2026-12-05 night, TMA on both GEMMs against none, T =
-  // 256 / 1024 / 4096): mixtral-8x7b 1.07–1.24x at T >= 1024 on every scheme; gpt-oss-120b and
-  // deepseek-v3 1.04–1.13x at T = 4096; qwen3-30b-a3b (2I = 1536) 0.94–1.04x, and with GEMM1's
-  // gather left out no loss there.
+  // Measured on an H100 (bench/RESULTS.md 2026-12-05 night, against no TMA, T = 256 / 1024 /
+  // 4096): mixtral-8x7b 1.06–1.24x at T >= 1024 on every scheme; gpt-oss-120b and deepseek-v3
+  // 1.04–1.13x at T = 4096 on the 4-bit, INT8 and FP8 schemes; qwen3-30b-a3b (2I = 1536)
+  // 0.94–0.97x at T = 4096 with GEMM1 gathered too, 0.99–1.03x with this rule.
   auto use_tma = [&](AFmt af) {
     return m.tma_rows >= TK && pl.bt == 128 && m.wgmma && ws_tma_built(m.wf, af) && (af != AFmt::E4m3 || m.f8_kernel > 0);
   };
