@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/frag_layout.h"
 #include "qmoe/config.h"
 #include "qmoe/cuda.h"
 #include "qmoe/formats.h"
@@ -76,12 +77,9 @@ inline int scale_bytes_per_stage(WFmt f) {
                                                                               : 0;
 }
 
-// BF16 and INT8 weights are stored per (128-row, 128-byte) stage 128B-swizzled, the layout wgmma
-// reads from shared memory: row r's 16-byte chunk q sits at chunk position sw128_chunk(r, q) of
-// the row (an involution: the same function maps a stored position back to its chunk). A stage
-// block then goes to shared memory as it is (one bulk copy, gemm_wgmma.cuh); the mma.sync kernel
-// undoes the swizzle in its copy.
-QMOE_HD constexpr int sw128_chunk(int r, int q) { return (q ^ r) & 7; }
+// BF16 and INT8 weights are stored per (128-row, 128-byte) stage 128B-swizzled (sw128_chunk,
+// frag_layout.h), the layout wgmma reads from shared memory: a stage block goes to shared memory
+// as it is (one bulk copy, gemm_wgmma.cuh); the mma.sync kernel undoes the swizzle in its copy.
 static_assert(packed_row_bytes(WFmt::BF16, stage_k(WFmt::BF16)) == 128 && packed_row_bytes(WFmt::INT8, stage_k(WFmt::INT8)) == 128,
               "BF16 / INT8 stages: one 128-byte swizzle row per weight row");
 

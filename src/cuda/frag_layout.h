@@ -100,6 +100,12 @@ QMOE_HD void fp6_frag_decode(uint32_t w4, uint32_t w2, int mt, uint32_t (&o)[4])
   }
 }
 
+// ---- BF16 / INT8 stage rows: the 128-byte swizzle -----------------------------------------------
+// Row r's 16-byte chunk q of a 128-byte row sits at chunk position sw128_chunk(r, q): wgmma's and
+// TMA's 128B swizzle (address bits 4–6 XOR bits 7–9 inside a 1024-byte-aligned block of 8 rows).
+// An involution: the same function maps a stored position back to its chunk.
+QMOE_HD constexpr int sw128_chunk(int r, int q) { return (q ^ r) & 7; }
+
 // ---- block scales -------------------------------------------------------------------------
 constexpr uint32_t kNvfp4ScaleBase = 236;           // bf16 exponent field of byte 0
 constexpr float kNvfp4EpilogueScale = 256.0f;        // 2^8

@@ -198,5 +198,23 @@ TEST(CudaFp6Layout, Plane2SlotsTileTheWord) {
   }
 }
 
+// The BF16 / INT8 weight rows' 16-byte chunks: sw128_chunk is the 128-byte swizzle as wgmma and TMA
+// apply it to shared-memory addresses (bits 4–6 XOR bits 7–9 of the offset in a 1024-byte-aligned
+// block), a permutation of each row's 8 chunks, and its own inverse (the repack stores chunk q at
+// sw128_chunk(r, q); the mma.sync kernel's copy maps it back).
+TEST(CudaSwizzle, Sw128ChunkIsTheHardwareSwizzleAndItsOwnInverse) {
+  for (int r = 0; r < 128; ++r) {
+    int seen = 0;
+    for (int q = 0; q < 8; ++q) {
+      const int off = r * 128 + q * 16;
+      const int hw = off ^ (((off >> 7) & 7) << 4);
+      EXPECT_EQ(hw, r * 128 + sw128_chunk(r, q) * 16) << "row " << r << " chunk " << q;
+      EXPECT_EQ(sw128_chunk(r, sw128_chunk(r, q)), q) << "row " << r << " chunk " << q;
+      seen |= 1 << sw128_chunk(r, q);
+    }
+    EXPECT_EQ(seen, 0xFF) << "row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace qmoe::cuda
