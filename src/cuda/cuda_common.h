@@ -129,8 +129,8 @@ struct GemmArgs {
   bool tiles_after_wait = false;
   int f8_kernel = 0;  // AFmt::E4m3: CudaOptions::fp8_kernel, resolved (0, 1, 2)
   // Activation tiles by TMA (the warp-specialised kernels, 128-token tiles: ws_tma_built): the
-  // operand rows in tile order — row offsets[e] + m + i of a_sorted holds the row of sorted slot
-  // offsets[e] + m + i (launch_gather_rows) — read through 2-D tensor maps (make_rows_tmap: 128
+  // operand in tile order — its row offsets[e] + m + i holds the row of sorted slot offsets[e] + m
+  // + i (launch_gather_rows, RowOut::row_map) — read through 2-D tensor maps (make_rows_tmap: 128
   // bytes × 128 rows per box, 128B-swizzled) of the hi and, Bf16Split, lo rows. a_hi / a_lo /
   // a_rowscale keep their meaning (the row scales are read per slot as before).
   bool a_tma = false;
@@ -179,6 +179,7 @@ struct RowOut {
   // When set, the values of row r go to row row_map[r] (the tile order of GemmArgs::a_tma:
   // AlignArgs::slot_pos); rowscale[r] stays at r.
   const int32_t* row_map = nullptr;
+  QMOE_HD int64_t value_row(int64_t r) const { return row_map ? row_map[r] : r; }
 };
 
 struct ActParams {

@@ -863,8 +863,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   // 4096): mixtral-8x7b 1.06–1.24x at T >= 1024 on every scheme; gpt-oss-120b and deepseek-v3
   // 1.04–1.13x at T = 4096 on the 4-bit, INT8 and FP8 schemes; qwen3-30b-a3b (2I = 1536)
   // 0.94–0.97x at T = 4096 with GEMM1 gathered too, 0.99–1.03x with this rule.
-  auto use_tma = [&](AFmt af) {
-    return m.tma_rows >= TK && pl.bt == 128 && m.wgmma && ws_tma_built(m.wf, af) && (af != AFmt::E4m3 || m.f8_kernel > 0);
+  auto use_tma = [&](AFmt af) {  // tma_rows > 0: reserved on the wgmma kernels
+    return m.tma_rows >= TK && pl.bt == 128 && ws_tma_built(m.wf, af) && (af != AFmt::E4m3 || m.f8_kernel > 0);
   };
   auto set_tma = [&](GemmArgs& g, const DevWeights& d, AFmt af, const DevBuf& shi, const DevBuf& slo, bool gather) {
     const int64_t rb = int64_t{d.Kpad} * eb;

@@ -665,6 +665,23 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
       : "memory");
 }
+// The producer's weight tiles of stage kt, by its thread 0: tiles wt0 … wt0 + ntw − 1 of expert e
+// (kW bytes each, stored contiguous per tile and stage) to dst + cw · kW and their block scales (kS
+// bytes each, none where kS = 0) to sdst + cw · kS, one bulk copy per block, announced on `bar`.
+template <int kW, int kS>
+__device__ __forceinline__ void ws_bulk_weights(const GemmArgs& a, int e, int wt0, int ntw, int kt, uint8_t* dst,
+                                                uint8_t* sdst, uint64_t* bar) {
+  static_assert(kW % 16 == 0 && kS % 16 == 0, "bulk copies of whole 16-byte blocks");
+  mbar_arrive_expect_tx(bar, static_cast<uint32_t>(ntw * (kW + kS)));
+  for (int cw = 0; cw < ntw; ++cw) {
+    const int wtile = wt0 + cw;
+    bulk_copy_g2s(dst + cw * kW, a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * kW, kW, bar);
+    if constexpr (kS > 0)
+      bulk_copy_g2s(sdst + cw * kS,
+                    a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile) * kS + static_cast<int64_t>(kt) * a.Npad * (kS / kBW),
+                    kS, bar);
+  }
+}
 // The activation tile of stage kt of a ws kernel by TMA (GemmArgs::a_tma): thread 0 of the
 // producer announces the bytes on `bar` and loads the kAtoms 128-byte columns of the BT rows from
 // row `row0` of the tile-ordered operand (and of its lo part, SPLIT).
@@ -787,24 +804,14 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
     // ---- producer ----
     setmaxnreg_dec<kWsProducerRegs>();
     // The stage's weight tiles (and block scales) as stored — one contiguous block each — by bulk
-    // copies that thread 0 issues and announces on `full` (one instruction per block where 128
-    // threads issued 16-byte cp.async: the activation gather keeps those).
+    // copies that thread 0 issues and announces on `full` (ws_bulk_weights: one instruction per
+    // block where 128 threads issued 16-byte cp.async; the activation gather keeps those).
     const int ntw = min(C::kWG, a.Npad / kBW - ty * C::kWG);  // weight tiles of this CTA (1 or 2)
+    static_assert(C::kW1 == kBW * WT::kRaw && C::kS1 == kBW * WT::kScale, "weight and scale blocks as stored");
     auto load_w = [&](int buf, int kt) {
       if (wtid != 0) return;
-      static_assert(C::kW1 == kBW * WT::kRaw && C::kW1 % 16 == 0 && C::kS1 % 16 == 0, "bulk copies of whole blocks");
-      mbar_arrive_expect_tx(&full_bar[buf], static_cast<uint32_t>(ntw * (C::kW1 + C::kS1)));
-      for (int cw = 0; cw < ntw; ++cw) {
-        const int wtile = ty * C::kWG + cw;
-        bulk_copy_g2s(smem + buf * C::kStageBytes + C::kAStage + cw * C::kW1,
-                      a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * C::kW1, C::kW1,
-                      &full_bar[buf]);
-        if constexpr (WT::kScale > 0)
-          bulk_copy_g2s(smem + buf * C::kStageBytes + C::kAStage + C::kWG * C::kW1 + cw * C::kS1,
-                        a.wscale + e * a.ws_expert_stride + static_cast<int64_t>(wtile * kBW) * WT::kScale +
-                            static_cast<int64_t>(kt) * a.Npad * WT::kScale,
-                        C::kS1, &full_bar[buf]);
-      }
+      uint8_t* st = smem + buf * C::kStageBytes + C::kAStage;
+      ws_bulk_weights<C::kW1, C::kS1>(a, e, ty * C::kWG, ntw, kt, st, st + C::kWG * C::kW1, &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
       ws_load_acts<C, SPLIT>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);
@@ -901,15 +908,10 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const __grid_constan
   if (wgi == 0) {
     // ---- producer ----
     setmaxnreg_dec<kWsProducerRegs>();
-    // The stage's weight tiles by bulk copies from thread 0 (as gemm_ws_kernel).
+    // The stage's weight tiles by bulk copies from thread 0 (ws_bulk_weights, as gemm_ws_kernel).
     const int ntw = min(NW, ntiles - ty * NW);
     auto load_w = [&](int buf, int kt) {
-      if (wtid != 0) return;
-      mbar_arrive_expect_tx(&full_bar[buf], static_cast<uint32_t>(ntw * C::kW));
-      for (int cw = 0; cw < ntw; ++cw)
-        bulk_copy_g2s(smem + buf * C::kStageBytes + C::kATile + cw * C::kW,
-                      a.w + e * a.w_expert_stride + (static_cast<int64_t>(ty * NW + cw) * a.Kt + kt) * C::kW, C::kW,
-                      &full_bar[buf]);
+      if (wtid == 0) ws_bulk_weights<C::kW, 0>(a, e, ty * NW, ntw, kt, smem + buf * C::kStageBytes + C::kATile, nullptr, &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
       ws_load_acts<C, false>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);

@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1
         }
     }
   }
-  const int64_t orow = static_cast<int64_t>(o.row_map ? o.row_map[slot] : slot) * o.stride;
+  const int64_t orow = o.value_row(slot) * o.stride;
 #pragma unroll
   for (int r = 0; r < kIlp; ++r) {
     const int f = feat(r);

@@ -79,7 +79,7 @@ __device__ __forceinline__ void mx_quantize_row(const float* v, int n, MxScaleMo
 // the whole row, col0 = 0).
 __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, const RowOut& o, int64_t row, float* red,
                                     int col0 = 0) {
-  const int64_t at = (o.row_map ? o.row_map[row] : row) * o.stride + col0;
+  const int64_t at = o.value_row(row) * o.stride + col0;
   __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + at;
   __nv_bfloat16* lo = o.a_lo ? static_cast<__nv_bfloat16*>(o.a_lo) + at : nullptr;
   int8_t* i8 = static_cast<int8_t*>(o.a_hi) + at;

@@ -686,18 +686,21 @@ TEST(OptimizedUnits, CpuFeaturesMatchTheCompilersView) {
               f.avx2, f.fma, f.f16c, f.avx512f, f.avx512dq, f.avx512bw, f.avx512vl, f.avx512vnni, f.avx512bf16,
               f.amx_tile, f.amx_bf16, f.amx_int8);
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-  EXPECT_EQ(f.avx2, !!__builtin_cpu_supports("avx2"));
-  EXPECT_EQ(f.fma, !!__builtin_cpu_supports("fma"));
-  EXPECT_EQ(f.f16c, !!__builtin_cpu_supports("f16c"));
-  EXPECT_EQ(f.avx512f, !!__builtin_cpu_supports("avx512f"));
-  EXPECT_EQ(f.avx512dq, !!__builtin_cpu_supports("avx512dq"));
-  EXPECT_EQ(f.avx512bw, !!__builtin_cpu_supports("avx512bw"));
-  EXPECT_EQ(f.avx512vl, !!__builtin_cpu_supports("avx512vl"));
-  EXPECT_EQ(f.avx512vnni, !!__builtin_cpu_supports("avx512vnni"));
-  EXPECT_EQ(f.avx512bf16, !!__builtin_cpu_supports("avx512bf16"));
-  EXPECT_EQ(f.amx_tile, !!__builtin_cpu_supports("amx-tile"));
-  EXPECT_EQ(f.amx_bf16, !!__builtin_cpu_supports("amx-bf16"));
-  EXPECT_EQ(f.amx_int8, !!__builtin_cpu_supports("amx-int8"));
+  // __builtin_cpu_supports takes a string literal only, hence a macro rather than a table.
+#define QMOE_EXPECT_FEATURE(field, name) EXPECT_EQ(f.field, !!__builtin_cpu_supports(name)) << name
+  QMOE_EXPECT_FEATURE(avx2, "avx2");
+  QMOE_EXPECT_FEATURE(fma, "fma");
+  QMOE_EXPECT_FEATURE(f16c, "f16c");
+  QMOE_EXPECT_FEATURE(avx512f, "avx512f");
+  QMOE_EXPECT_FEATURE(avx512dq, "avx512dq");
+  QMOE_EXPECT_FEATURE(avx512bw, "avx512bw");
+  QMOE_EXPECT_FEATURE(avx512vl, "avx512vl");
+  QMOE_EXPECT_FEATURE(avx512vnni, "avx512vnni");
+  QMOE_EXPECT_FEATURE(avx512bf16, "avx512bf16");
+  QMOE_EXPECT_FEATURE(amx_tile, "amx-tile");
+  QMOE_EXPECT_FEATURE(amx_bf16, "amx-bf16");
+  QMOE_EXPECT_FEATURE(amx_int8, "amx-int8");
+#undef QMOE_EXPECT_FEATURE
 #else
   GTEST_SKIP() << "no GCC __builtin_cpu_supports view to compare with";
 #endif
