@@ -2,7 +2,8 @@
 // generic kernels of simd/gemm.h instantiated on the AVX-512 ISA layer (simd/avx512.h), plus the
 // AVX-512-only kernels:
 //   Bf16          : vdpbf16ps on exactly decoded bf16 weights (avx512bf16 target only, below);
-//   Fp4Mx / Fp4Nv : W4A4 vpdpbusd kernels, gemm_fp4_avx512.cc.
+//   Fp4Mx / Fp4Nv : W4A4 vpdpbusd kernels, gemm_fp4_avx512.cc;
+//   MXFP4 weights on the F32 kind: one-row streams for 1–4 tokens, gemm_fp4_avx512.cc.
 #include "cpu/simd/avx512.h"
 #include "cpu/simd/gemm.h"
 #include "cpu/simd/bf16_avx512.h"
@@ -173,6 +174,11 @@ void gemm_bf16<Avx512>(const GemmArgs& args) {
     run_bf16<D>(a, make_dec, scale_cols, smin, smax);
   });
   if (!ok) scalar_kernels().gemm(args);  // not selected by dot_kind_for
+}
+
+template <>
+void gemm_mxfp4_f32<Avx512>(const GemmArgs& a) {
+  gemm_mxfp4_f32_avx512(a);
 }
 
 template <>

@@ -13,6 +13,7 @@ namespace qmoe::cpu {
 namespace {
 
 constexpr int kNT = Avx512::kNT;
+constexpr int kNR = Avx512::kNR;
 
 // ---------------------------------------------------------------------------------------------
 // Fp4 W4A4 for experts with many tokens: 16 weight rows in the 16 lanes. A tile of 16 rows is
@@ -197,9 +198,130 @@ void gemm_fp4(const GemmArgs& a) {
   gemm_w4a4_rows<Avx512, kMx>(a, first);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// MXFP4 weights on the F32 kind (W4A16), one token (the common case of a decode step's experts):
+// one weight row after the other, so that the weights are read as one sequential stream. The
+// row-major kernels' 4 interleaved rows kept this Intel part's prefetchers behind: one core,
+// K = 2048, N = 1536, cold, 166–171 → 126–131 µs; 2–4 tokens were 0.8–0.95× in this form, so they
+// keep the generic kernel (bench/RESULTS.md 2026-12-05 late). A 128-weight chunk is one 64-byte
+// load; dword lane L holds elements 8L … 8L + 7 as its 8 nibbles, and nibble s (shifted down by
+// 4s) indexes the 16-entry e2m1 table through vpermps (index bits 0–3), so vector s holds elements
+// 8L + s: the activations are copied once per call into that order (kF32Mx4Src). Lanes 4j … 4j + 3
+// lie in block 4c + j, so the 8 products per lane are summed first and multiplied once per chunk
+// by [2^(s−127) × 4 per block] (exact: powers of two; E8M0 bytes in mx_bf16_table's window, other
+// rows go to the scalar kernel).
+struct F32Mx4Src {
+  uint8_t pos[128];  // slot 16·s + L of a chunk → the stored (ActLayout fp4 order) position of its element
+};
+constexpr F32Mx4Src make_f32mx4_src() {
+  F32Mx4Src t{};
+  for (int s = 0; s < 8; ++s)
+    for (int L = 0; L < 16; ++L) {
+      const int e = 8 * L + s;  // element of the chunk; fp4 order within its 64-chunk
+      t.pos[16 * s + L] = static_cast<uint8_t>(64 * (e >> 6) + 32 * (e & 1) + 16 * ((e >> 5) & 1) + ((e >> 1) & 15));
+    }
+  return t;
+}
+constexpr F32Mx4Src kF32Mx4Src = make_f32mx4_src();
+
+// [2^(s_j − 127) in lanes 4j … 4j + 3] from the chunk's 4 scale bytes (n < 4 of them inside the row).
+inline __m512 mx4_chunk_factors(const uint8_t* sc, int n) {
+  const int32_t word = n >= 4 ? *reinterpret_cast<const int32_t*>(sc)
+                              : _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1u), sc));
+  const __m512i shift = _mm512_set_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+  const __m512i bits = _mm512_srli_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(word), shift), 1);
+  return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)));  // byte j at bits 23..30
+}
+
+// Rows [0, nr) of the block at `w0` (consecutive rows, row_bytes apart; scales nb apart) against
+// the permuted activation row x; res[i], rows past nr are 0.
+void mx4_f32_rows(const uint8_t* w0, int64_t row_bytes, const uint8_t* sc0, int nb, int K, int nr, const float* x,
+                  float* res) {
+  constexpr int64_t kDist = 2048;  // bytes ahead in the stream (1–4 KB measured best, 8 KB 25 % slower)
+  const __m512 tab = _mm512_loadu_ps(kE2m1);
+  const int nfull = K / 128, tail = (K % 128) / 2;  // full chunks; bytes of the last one
+  __m512 sums[kNR];
+  for (int i = 0; i < kNR; ++i) sums[i] = _mm512_setzero_ps();
+  for (int i = 0; i < nr; ++i) {
+    const uint8_t* row = w0 + i * row_bytes;
+    const uint8_t* sc = sc0 + static_cast<int64_t>(i) * nb;
+    __m512 acc = _mm512_setzero_ps();  // in a register for the whole row
+    auto chunk = [&](int c, __m512i v, __m512 f) __attribute__((always_inline)) {
+      const float* xc = x + 128 * c;
+      __m512 p0 = _mm512_mul_ps(_mm512_permutexvar_ps(v, tab), _mm512_loadu_ps(xc));
+      __m512 p1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab), _mm512_loadu_ps(xc + 16));
+#pragma GCC unroll 3
+      for (int s = 2; s < 8; s += 2) {
+        p0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * s), tab), _mm512_loadu_ps(xc + 16 * s), p0);
+        p1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * s + 4), tab), _mm512_loadu_ps(xc + 16 * s + 16), p1);
+      }
+      acc = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), f, acc);
+    };
+    for (int c = 0; c < nfull; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + 64 * c + kDist), _MM_HINT_T0);
+      chunk(c, _mm512_loadu_si512(row + 64 * c), mx4_chunk_factors(sc + 4 * c, 4));
+    }
+    if (tail > 0)
+      chunk(nfull, _mm512_maskz_loadu_epi8(mask64(tail), row + 64 * nfull), mx4_chunk_factors(sc + 4 * nfull, nb - 4 * nfull));
+    sums[i] = acc;
+  }
+  _mm_storeu_ps(res, hsum4(sums[0], sums[1], sums[2], sums[3]));
+}
+
+// Whether every scale byte of rows [n0, n0 + nr) lies in [smin, smax].
+bool mx4_scales_in_window(const WeightView& w, int n0, int nr, int nb, int smin, int smax) {
+  const uint8_t* s = w.scales + static_cast<int64_t>(n0) * nb;
+  const int64_t n = static_cast<int64_t>(nr) * nb;
+  const __m512i lo = _mm512_set1_epi8(static_cast<char>(smin)), hi = _mm512_set1_epi8(static_cast<char>(smax));
+  for (int64_t b = 0; b < n; b += 64) {
+    const __mmask64 m = mask64(static_cast<int>(n - b < 64 ? n - b : 64));
+    const __m512i v = _mm512_maskz_loadu_epi8(m, s + b);
+    if ((_mm512_mask_cmplt_epu8_mask(m, v, lo) | _mm512_mask_cmpgt_epu8_mask(m, v, hi)) != 0) return false;
+  }
+  return true;
+}
+
+void gemm_mxfp4_f32_rows(const GemmArgs& a) {
+  const WeightView& w = *a.w;
+  const ActLayout& l = *a.layout;
+  const int K = w.cols, nb = K / 32;
+  if (a.ntok != 1) {  // the generic F32 kernel (4 interleaved rows; decoded-row buffer past kNT tokens)
+    const __m512 base = Avx512::fp4_base();
+    const float* e8 = e8m0_table();
+    run_f32<Avx512, DecFp4<Avx512, true>>(
+        a, [&](const int* r) { return DecFp4<Avx512, true>{row_set<kNR>(w, r, nb), K, e8, 1.0f, base}; });
+    return;
+  }
+  const int kch = (K + 127) / 128 * 128;
+  float* y = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * static_cast<size_t>(kch)));
+  const float* x = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[0]) * l.stride + l.vals_off);
+  for (int c = 0; c < kch; c += 128)
+    for (int q = 0; q < 128; ++q) {
+      const int p = c + kF32Mx4Src.pos[q];
+      y[c + q] = p < l.k_pad ? x[p] : 0.0f;
+    }
+  const MxBf16Table win = mx_bf16_table(WeightFormat::Mxfp4);
+  for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
+    const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
+    if (!mx4_scales_in_window(w, n0, nr, nb, win.smin, win.smax)) {
+      GemmArgs sub = a;  // rare: extreme / NaN block scales, exactly in the scalar kernel
+      sub.row0 = n0;
+      sub.row1 = n0 + nr;
+      scalar_kernels().gemm(sub);
+      continue;
+    }
+    const uint8_t* w0 = w.data + static_cast<int64_t>(n0) * w.row_bytes;
+    const uint8_t* s0 = w.scales + static_cast<int64_t>(n0) * nb;
+    float dot[1][kNR];
+    mx4_f32_rows(w0, w.row_bytes, s0, nb, K, nr, y, dot[0]);
+    epilogue(a, n0, nr, 0, 1, dot);
+  }
+}
 }  // namespace
 
 void gemm_fp4_mx_avx512(const GemmArgs& a) { gemm_fp4<true>(a); }
 void gemm_fp4_nv_avx512(const GemmArgs& a) { gemm_fp4<false>(a); }
+void gemm_mxfp4_f32_avx512(const GemmArgs& a) { gemm_mxfp4_f32_rows(a); }
 
 }  // namespace qmoe::cpu

@@ -369,6 +369,10 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64},
                                 {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 96},
                                 {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 256},
+                                // AVX-512's one-row kernel reads 128-weight chunks: a last chunk of
+                                // 32 / 64 weights (96 above: 96)
+                                {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 160},
+                                {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 320},
                                 {DotKind::F32, WeightFormat::BF16, ActQuant::None, 72},
                                 {DotKind::F32, WeightFormat::BF16, ActQuant::None, 200},
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 96},

@@ -28,6 +28,8 @@ namespace qmoe::cpu {
 // W4A4 entry points (gemm_fp4_avx512.cc).
 void gemm_fp4_mx_avx512(const GemmArgs& a);
 void gemm_fp4_nv_avx512(const GemmArgs& a);
+// MXFP4 weights on the F32 kind (gemm_fp4_avx512.cc).
+void gemm_mxfp4_f32_avx512(const GemmArgs& a);
 
 namespace {
 
@@ -124,7 +126,7 @@ struct Avx512 {
   static constexpr int kNR = 4;  // weight rows per micro-kernel
   static constexpr int kNT = 4;  // tokens per micro-kernel
   // Target-only kernels (declared in simd/gemm.h, defined in this target's translation units).
-  static constexpr bool kMxfp4F32Kernel = false;  // MXFP4 on the F32 kind: the generic DecFp4 path
+  static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32_avx512
   static constexpr bool kBf16Dot = true;          // DotKind::Bf16: vdpbf16ps (gemm_avx512.cc)
 
   static F zero() { return _mm512_setzero_ps(); }

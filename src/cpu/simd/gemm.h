@@ -40,13 +40,14 @@ constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see pre
 inline int64_t prefetch_distance(int64_t block_bytes) {
   return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
 }
-// kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6 /
-// fp8 codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the plain
-// streams of bf16 and int8 weights, whose kernels are memory-bound: the L1 fill buffers stay with
-// the demand loads. Measured on the AMX Xeon, qwen3-30b-a3b, 2 threads, interleaved rounds: INT8
+// kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6
+// codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the byte-wide
+// and wider streams — bf16, int8 and fp8 weights — so that the L1 fill buffers stay with the
+// demand loads. Measured on the AMX Xeon, qwen3-30b-a3b, 2 threads, interleaved rounds: INT8
 // W8A8 T = 16 15.2–19.4 → 14.2–17.1 ms, bf16 weights +bf16act T = 16 35.4–37.4 → 31.4–32.2 ms,
-// bf16 weights T = 1 3.9–4.5 → 3.1–3.3 ms; MXFP4 W4A4 0.93–0.96× with T1, so the decoded formats
-// keep T0 (bench/RESULTS.md 2026-12-05 evening).
+// bf16 weights T = 1 3.9–4.5 → 3.1–3.3 ms; MXFP4 W4A4 0.93–0.96× with T1, so the 4- and 6-bit
+// formats keep T0 (bench/RESULTS.md 2026-12-05 evening). FP8 weights on the F32 kind (one core,
+// K = 2048, N = 1536, one token, cold): 367–382 → 295–303 µs with T1 (RESULTS 2026-12-05, late).
 template <auto kHint = _MM_HINT_T0>
 inline void prefetch_seq(const uint8_t* block, int64_t dist, int step, int i, int nr, int bytes_per_step) {
   const uint8_t* p = block + dist + (static_cast<int64_t>(step) * nr + i) * bytes_per_step;
@@ -69,7 +70,7 @@ RowSet<NR> row_set(const WeightView& w, const int* rows, int scale_cols) {
   return r;
 }
 
-// Decoders of plain bf16 / fp32 / int8 rows (kL2Prefetch) have their rows prefetched into L2
+// Decoders of bf16 / fp32 / int8 / fp8 rows (kL2Prefetch) have their rows prefetched into L2
 // (prefetch_seq); the others into L1.
 template <class D>
 constexpr bool l2_prefetch_of() {
@@ -202,7 +203,7 @@ struct DecByte {
   int K;
   static constexpr int kStep = 32, kBytes = 32;
   static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
-  static constexpr bool kL2Prefetch = !kFp8;
+  static constexpr bool kL2Prefetch = true;
   void load(int i, int k, typename T::F* w) const {
     if (kFp8) T::dec_fp8(rs.row[i] + k, K - k, w);
     else T::dec_i8(rs.row[i] + k, K - k, w);
