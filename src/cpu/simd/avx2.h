@@ -198,6 +198,9 @@ struct Avx2 {
     uint8_t tmp[32];
     return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(padded(p, n, tmp))));
   }
+  // One token keeps the 4 interleaved rows here: the one-row stream of the AVX-512 targets was
+  // 0.8-0.9x with this target's code on the AMX Xeon (bench/RESULTS.md 2026-12-05 late).
+  static constexpr bool kI8RowStream = false;
   static I i8_dot(I acc, I w, I x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
   template <int NR>
   static void hsum_rows_i32(const I (&acc)[NR], int32_t* out) {

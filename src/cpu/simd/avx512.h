@@ -218,6 +218,7 @@ struct Avx512 {
   // I8 kind: 64 codes per step; dot = Σ (w + 128)·x − 128·Σx.
   static constexpr int kI8Step = 64;
   static constexpr int kI8Offset = 128;
+  static constexpr bool kI8RowStream = true;  // one token: one row after the other (i8_kernel)
   static I izero() { return _mm512_setzero_si512(); }
   static I i8_act(const uint8_t* x) { return _mm512_loadu_si512(x); }
   static I i8_weights(const uint8_t* p, int n) {

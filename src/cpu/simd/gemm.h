@@ -419,6 +419,22 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
   typename T::I acc[NT][kNR];
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::izero();
+  if constexpr (NT == 1 && T::kI8RowStream) {
+    // One token: one weight row after the other, a single sequential stream, prefetched
+    // kI8RowDist ahead (one core, K = 2048, N = 1536, cold: 200–207 → 185–192 µs, ~100 % of the
+    // one-thread read probe; K = 768: 97–101 → 87–91; bench/RESULTS.md 2026-12-05 late). AVX2: kI8RowStream off.
+    constexpr int64_t kI8RowDist = 4096;
+    for (int i = 0; i < kNR; ++i) {
+      typename T::I a1 = T::izero();
+      for (int k = 0; k < K; k += T::kI8Step) {
+        if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k + kI8RowDist), _MM_HINT_T1);
+        a1 = T::i8_dot(a1, T::i8_weights(w[i] + k, K - k), T::i8_act(act[0] + k));
+      }
+      acc[0][i] = a1;
+    }
+    T::hsum_rows_i32(acc[0], res[0]);
+    return;
+  }
   for (int k = 0; k < K; k += T::kI8Step) {
     typename T::I av[NT];
     for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
