@@ -227,8 +227,9 @@ constexpr F32Mx4Src kF32Mx4Src = make_f32mx4_src();
 
 // [2^(s_j − 127) in lanes 4j … 4j + 3] from the chunk's 4 scale bytes (n < 4 of them inside the row).
 inline __m512 mx4_chunk_factors(const uint8_t* sc, int n) {
-  const int32_t word = n >= 4 ? *reinterpret_cast<const int32_t*>(sc)
-                              : _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1u), sc));
+  int32_t word;
+  if (n >= 4) std::memcpy(&word, sc, 4);  // any alignment
+  else word = _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1u), sc));
   const __m512i shift = _mm512_set_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
   const __m512i bits = _mm512_srli_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(word), shift), 1);
   return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)));  // byte j at bits 23..30
