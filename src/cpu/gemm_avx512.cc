@@ -28,6 +28,31 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
   __m512 acc[NTOK][kNR];
   for (int t = 0; t < NTOK; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
+  if constexpr (NTOK == 1 && !kFactor && D::kBytes > 0) {
+    // One token, codes carrying their scale (bf16 / FP8 / NVFP4 weights): one weight row after the
+    // other, a single sequential stream (as f32_kernel). One core, cold, K = 2048 / 768: bf16
+    // weights 420–424 → 363–365 / 220–224 → 192 µs, FP8 371–376 → 240–251 / 185–187 → 127–130; the
+    // block-factor decoders keep the interleaved rows (MXFP6 0.92–0.97× this way; bench/RESULTS.md
+    // 2026-12-05 late).
+    if (pf.base != nullptr) {
+      constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
+      for (int i = 0; i < kNR; ++i) {
+        __m512 a[V];
+        for (int v = 0; v < V; ++v) a[v] = _mm512_setzero_ps();
+        for (int k = 0; k < kend; k += D::kStep) {
+          _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+          __m512i w[V];
+          dec.load(i, k, w);
+#pragma GCC unroll 2
+          for (int v = 0; v < V; ++v) a[v] = dpbf16(a[v], w[v], _mm512_loadu_si512(act[0] + k + 32 * v));
+        }
+        for (int v = 1; v < V; ++v) a[0] = _mm512_add_ps(a[0], a[v]);
+        acc[0][i] = a[0];
+      }
+      _mm_storeu_ps(res[0], hsum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
+      return;
+    }
+  }
   for (int k = 0; k < kend; k += D::kStep) {
     if constexpr (D::kBytes > 0) pf.template block_at<D>(k / D::kStep);
 #pragma GCC unroll 4

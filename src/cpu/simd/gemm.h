@@ -31,6 +31,7 @@ namespace qmoe::cpu {
 namespace {
 
 constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see prefetch_seq)
+constexpr int64_t kRowStreamDist = 4096;  // the one-row streams' distance (f32_kernel, i8_kernel, bf16_kernel; 2 KB measured 5–12 % slower)
 
 // Row-major kernels read kNR rows interleaved, each a short stream, which the hardware
 // prefetchers follow poorly (measured on Zen 4: ~10 GB/s against ~17 GB/s sequential, one core).
@@ -280,6 +281,34 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   typename T::F acc[NT][kNR];
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
+  if constexpr (NT == 1 && D::kBytes > 0) {
+    // One token: one weight row after the other, a single sequential stream prefetched
+    // kRowStreamDist ahead (DECISIONS "Row order of the row-major decode kernels"). One core, cold,
+    // K = 2048 / 768: bf16 weights 444–446 → 355–358 / 225–227 → 185 µs (AVX2 code 518–521 → 337–343),
+    // FP8 292–298 → 222–225 / 144–145 → 114 (bench/RESULTS.md 2026-12-05 late).
+    if (pf.base != nullptr) {
+      constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
+      for (int i = 0; i < kNR; ++i) {
+        typename T::F a[V];
+        for (int v = 0; v < V; ++v) a[v] = T::zero();
+        auto rstep = [&](int k, auto full) {
+          _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+          typename T::F w[V];
+          dec_step(dec, i, k, w, full);
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) a[v] = T::fmadd(w[v], T::loadu(act[0] + k + T::kLanes * v), a[v]);
+        };
+        int k = 0;
+        if constexpr (requires(typename T::F* w) { dec.load_full(0, 0, w); })
+          for (const int kfull = dec.K / D::kStep * D::kStep; k < kfull; k += D::kStep) rstep(k, std::true_type{});
+        for (; k < kend; k += D::kStep) rstep(k, std::false_type{});
+        for (int v = 1; v < V; ++v) a[0] = T::add(a[0], a[v]);
+        acc[0][i] = a[0];
+      }
+      T::hsum_rows(acc[0], res[0]);
+      return;
+    }
+  }
   auto step = [&](int k, auto full) {
     if constexpr (D::kBytes > 0) pf.template block_at<D>(k / D::kStep);
 #pragma GCC unroll 4
@@ -421,13 +450,12 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::izero();
   if constexpr (NT == 1 && T::kI8RowStream) {
     // One token: one weight row after the other, a single sequential stream, prefetched
-    // kI8RowDist ahead (one core, K = 2048, N = 1536, cold: 200–207 → 185–192 µs, ~100 % of the
+    // kRowStreamDist ahead (one core, K = 2048, N = 1536, cold: 200–207 → 185–192 µs, ~100 % of the
     // one-thread read probe; K = 768: 97–101 → 87–91; bench/RESULTS.md 2026-12-05 late). AVX2: kI8RowStream off.
-    constexpr int64_t kI8RowDist = 4096;
     for (int i = 0; i < kNR; ++i) {
       typename T::I a1 = T::izero();
       for (int k = 0; k < K; k += T::kI8Step) {
-        if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k + kI8RowDist), _MM_HINT_T1);
+        if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k + kRowStreamDist), _MM_HINT_T1);
         a1 = T::i8_dot(a1, T::i8_weights(w[i] + k, K - k), T::i8_act(act[0] + k));
       }
       acc[0][i] = a1;
