@@ -28,8 +28,8 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
   __m512 acc[NTOK][kNR];
   for (int t = 0; t < NTOK; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = _mm512_setzero_ps();
-  if constexpr (NTOK == 1 && !kFactor && D::kBytes > 0) {
-    // One token, codes carrying their scale (bf16 / FP8 / NVFP4 weights): one weight row after the
+  if constexpr (NTOK == 1 && !kFactor && D::kBytes > 0 && row_stream_of<D>()) {
+    // One token, bf16 and FP8 weights (row_stream_of): one weight row after the
     // other, a single sequential stream (as f32_kernel). One core, cold, K = 2048 / 768: bf16
     // weights 420–424 → 363–365 / 220–224 → 192 µs, FP8 371–376 → 240–251 / 185–187 → 127–130; the
     // block-factor decoders keep the interleaved rows (MXFP6 0.92–0.97× this way; bench/RESULTS.md

@@ -43,6 +43,7 @@ struct BDecFp8 {
   int K;
   __m512i t0, t1, t2, t3;  // magnitudes 0..31, 32..63, 64..95, 96..127
   static constexpr int kStep = 32, kBytes = 32;
+  static constexpr bool kRowStream = true;  // one token: rows one after the other (bf16_kernel)
   void load(int i, int k, __m512i* w) const {
     const uint8_t* p = rs.row[i] + k;
     const __m256i raw = k + 32 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))

@@ -78,6 +78,16 @@ constexpr bool l2_prefetch_of() {
   if constexpr (requires { D::kL2Prefetch; }) return D::kL2Prefetch;
   return false;
 }
+// Whether the one-token kernels read D's rows one after the other (a single sequential stream)
+// instead of kNR interleaved: the plain streams (kL2Prefetch) and decoders that say so
+// (kRowStream); the costly decodes (MXFP6, NVFP4, the block-factor MX decoders) keep the
+// interleaved rows, which measured faster for them (MXFP6 on the F32 kind 0.89–0.9× one row at a
+// time; bench/RESULTS.md 2026-12-05 late).
+template <class D>
+constexpr bool row_stream_of() {
+  if constexpr (requires { D::kRowStream; }) return D::kRowStream;
+  return l2_prefetch_of<D>();
+}
 
 // Software prefetch of a later row block in address order (prefetch_seq).
 template <int NR>
@@ -281,7 +291,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   typename T::F acc[NT][kNR];
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
-  if constexpr (NT == 1 && D::kBytes > 0) {
+  if constexpr (NT == 1 && D::kBytes > 0 && row_stream_of<D>()) {
     // One token: one weight row after the other, a single sequential stream prefetched
     // kRowStreamDist ahead (DECISIONS "Row order of the row-major decode kernels"). One core, cold,
     // K = 2048 / 768: bf16 weights 444–446 → 355–358 / 225–227 → 185 µs (AVX2 code 518–521 → 337–343),
