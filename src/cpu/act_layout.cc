@@ -63,9 +63,7 @@ ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k) {
 }
 
 int act_value_position(const ActLayout& l, int i) {
-  if (!l.fp4_order) return i;
-  const int c = i & ~63, h = (i >> 5) & 1, m = (i >> 1) & 15, o = i & 1;
-  return c + 32 * o + 16 * h + m;
+  return l.fp4_order ? fp4_value_position(i) : i;
 }
 
 void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {

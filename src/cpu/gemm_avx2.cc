@@ -38,8 +38,7 @@ constexpr Mxfp4wTables make_mxfp4w_tables() {
     for (int q = 0; q < 8; ++q) {
       const int o = v >> 2, u = (v >> 1) & 1, e = v & 1;
       const int j = 16 * (q / 4) + 8 * u + 2 * (q % 4) + e;
-      const int el = 2 * j + o;  // element of the chunk; its stored position (ActLayout fp4 order):
-      t.pos[8 * v + q] = static_cast<uint8_t>(32 * (el & 1) + 16 * ((el >> 5) & 1) + ((el >> 1) & 15));
+      t.pos[8 * v + q] = static_cast<uint8_t>(fp4_value_position(2 * j + o));  // element 2j + o of the chunk
     }
   return t;
 }

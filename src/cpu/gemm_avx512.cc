@@ -3,7 +3,7 @@
 // AVX-512-only kernels:
 //   Bf16          : vdpbf16ps on exactly decoded bf16 weights (avx512bf16 target only, below);
 //   Fp4Mx / Fp4Nv : W4A4 vpdpbusd kernels, gemm_fp4_avx512.cc;
-//   MXFP4 weights on the F32 kind: one-row streams for 1–4 tokens, gemm_fp4_avx512.cc.
+//   MXFP4 weights on the F32 kind: the one-token row stream, gemm_fp4_avx512.cc.
 #include "cpu/simd/avx512.h"
 #include "cpu/simd/gemm.h"
 #include "cpu/simd/bf16_avx512.h"
@@ -35,12 +35,11 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
     // block-factor decoders keep the interleaved rows (MXFP6 0.92–0.97× this way; bench/RESULTS.md
     // 2026-12-05 late).
     if (pf.base != nullptr) {
-      constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
       for (int i = 0; i < kNR; ++i) {
         __m512 a[V];
         for (int v = 0; v < V; ++v) a[v] = _mm512_setzero_ps();
         for (int k = 0; k < kend; k += D::kStep) {
-          _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+          row_stream_prefetch(dec, i, k);
           __m512i w[V];
           dec.load(i, k, w);
 #pragma GCC unroll 2

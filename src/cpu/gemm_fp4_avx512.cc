@@ -7,13 +7,12 @@
 // No library inline code here (see simd/gemm.h).
 #include "cpu/simd/avx512.h"
 #include "cpu/simd/gemm.h"
+#include "cpu/simd/bf16_avx512.h"  // scales_in_window
 
 namespace qmoe::cpu {
 
 namespace {
 
-constexpr int kNT = Avx512::kNT;
-constexpr int kNR = Avx512::kNR;
 
 // ---------------------------------------------------------------------------------------------
 // Fp4 W4A4 for experts with many tokens: 16 weight rows in the 16 lanes. A tile of 16 rows is
@@ -217,10 +216,7 @@ struct F32Mx4Src {
 constexpr F32Mx4Src make_f32mx4_src() {
   F32Mx4Src t{};
   for (int s = 0; s < 8; ++s)
-    for (int L = 0; L < 16; ++L) {
-      const int e = 8 * L + s;  // element of the chunk; fp4 order within its 64-chunk
-      t.pos[16 * s + L] = static_cast<uint8_t>(64 * (e >> 6) + 32 * (e & 1) + 16 * ((e >> 5) & 1) + ((e >> 1) & 15));
-    }
+    for (int L = 0; L < 16; ++L) t.pos[16 * s + L] = static_cast<uint8_t>(fp4_value_position(8 * L + s));
   return t;
 }
 constexpr F32Mx4Src kF32Mx4Src = make_f32mx4_src();
@@ -270,28 +266,12 @@ void mx4_f32_rows(const uint8_t* w0, int64_t row_bytes, const uint8_t* sc0, int 
   _mm_storeu_ps(res, hsum4(sums[0], sums[1], sums[2], sums[3]));
 }
 
-// Whether every scale byte of rows [n0, n0 + nr) lies in [smin, smax].
-bool mx4_scales_in_window(const WeightView& w, int n0, int nr, int nb, int smin, int smax) {
-  const uint8_t* s = w.scales + static_cast<int64_t>(n0) * nb;
-  const int64_t n = static_cast<int64_t>(nr) * nb;
-  const __m512i lo = _mm512_set1_epi8(static_cast<char>(smin)), hi = _mm512_set1_epi8(static_cast<char>(smax));
-  for (int64_t b = 0; b < n; b += 64) {
-    const __mmask64 m = mask64(static_cast<int>(n - b < 64 ? n - b : 64));
-    const __m512i v = _mm512_maskz_loadu_epi8(m, s + b);
-    if ((_mm512_mask_cmplt_epu8_mask(m, v, lo) | _mm512_mask_cmpgt_epu8_mask(m, v, hi)) != 0) return false;
-  }
-  return true;
-}
-
 void gemm_mxfp4_f32_rows(const GemmArgs& a) {
   const WeightView& w = *a.w;
   const ActLayout& l = *a.layout;
   const int K = w.cols, nb = K / 32;
   if (a.ntok != 1) {  // the generic F32 kernel (4 interleaved rows; decoded-row buffer past kNT tokens)
-    const __m512 base = Avx512::fp4_base();
-    const float* e8 = e8m0_table();
-    run_f32<Avx512, DecFp4<Avx512, true>>(
-        a, [&](const int* r) { return DecFp4<Avx512, true>{row_set<kNR>(w, r, nb), K, e8, 1.0f, base}; });
+    run_f32_mxfp4<Avx512>(a);
     return;
   }
   const int kch = (K + 127) / 128 * 128;
@@ -305,7 +285,9 @@ void gemm_mxfp4_f32_rows(const GemmArgs& a) {
   const MxBf16Table win = mx_bf16_table(WeightFormat::Mxfp4);
   for (int n0 = a.row0; n0 < a.row1; n0 += kNR) {
     const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
-    if (!mx4_scales_in_window(w, n0, nr, nb, win.smin, win.smax)) {
+    int rows[kNR];
+    for (int i = 0; i < kNR; ++i) rows[i] = n0 + (i < nr ? i : nr - 1);
+    if (!scales_in_window(row_set<kNR>(w, rows, nb), nb, win.smin, win.smax)) {
       GemmArgs sub = a;  // rare: extreme / NaN block scales, exactly in the scalar kernel
       sub.row0 = n0;
       sub.row1 = n0 + nr;

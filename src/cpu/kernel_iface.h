@@ -72,6 +72,11 @@ inline int32_t bf16_term_count(const uint8_t* row) {
   std::memcpy(&nt, row + 8, 4);
   return nt;
 }
+// Stored position of element i in the fp4 value order above (a constant expression, for the
+// kernels' own register-order tables; internal linkage, so SIMD translation units share no copy).
+static constexpr int fp4_value_position(int i) {
+  return (i & ~63) + 32 * (i & 1) + 16 * ((i >> 5) & 1) + ((i >> 1) & 15);
+}
 // Position of logical element i in the stored value order.
 int act_value_position(const ActLayout& l, int i);
 // The dequantized values x[0..k) (exact products as double) of a stored row (tests, debugging).

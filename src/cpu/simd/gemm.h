@@ -88,6 +88,12 @@ constexpr bool row_stream_of() {
   if constexpr (requires { D::kRowStream; }) return D::kRowStream;
   return l2_prefetch_of<D>();
 }
+// The one-row stream's prefetch for step k of row slot i of decoder D, kRowStreamDist ahead.
+template <class D>
+inline void row_stream_prefetch(const D& dec, int i, int k) {
+  constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
+  _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+}
 
 // Software prefetch of a later row block in address order (prefetch_seq).
 template <int NR>
@@ -297,12 +303,11 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
     // K = 2048 / 768: bf16 weights 444–446 → 355–358 / 225–227 → 185 µs (AVX2 code 518–521 → 337–343),
     // FP8 292–298 → 222–225 / 144–145 → 114 (bench/RESULTS.md 2026-12-05 late).
     if (pf.base != nullptr) {
-      constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
       for (int i = 0; i < kNR; ++i) {
         typename T::F a[V];
         for (int v = 0; v < V; ++v) a[v] = T::zero();
         auto rstep = [&](int k, auto full) {
-          _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+          row_stream_prefetch(dec, i, k);
           typename T::F w[V];
           dec_step(dec, i, k, w, full);
 #pragma GCC unroll 4
@@ -401,6 +406,17 @@ void gemm_mxfp4_f32(const GemmArgs& a);
 template <class T>
 void gemm_bf16(const GemmArgs& a);
 
+// MXFP4 weights on the F32 kind through the generic kernel (DecFp4; the targets' own
+// gemm_mxfp4_f32 hands it the token counts it does not take).
+template <class T>
+void run_f32_mxfp4(const GemmArgs& a) {
+  const WeightView& w = *a.w;
+  const int K = w.cols;
+  const typename T::F base = T::fp4_base();
+  const float* e8 = e8m0_table();
+  run_f32<T, DecFp4<T, true>>(a, [&](const int* r) { return DecFp4<T, true>{row_set<T::kNR>(w, r, K / 32), K, e8, 1.0f, base}; });
+}
+
 template <class T>
 void gemm_f32(const GemmArgs& a) {
   constexpr int kNR = T::kNR;
@@ -422,13 +438,8 @@ void gemm_f32(const GemmArgs& a) {
       run_f32<T, DecByte<T, false>>(a, [&](const int* r) { return DecByte<T, false>{row_set<kNR>(w, r, 0), K}; });
       break;
     case WeightFormat::Mxfp4:
-      if constexpr (T::kMxfp4F32Kernel) {
-        gemm_mxfp4_f32<T>(a);
-      } else {
-        const typename T::F base = T::fp4_base();
-        const float* e8 = e8m0_table();
-        run_f32<T, DecFp4<T, true>>(a, [&](const int* r) { return DecFp4<T, true>{row_set<kNR>(w, r, K / 32), K, e8, 1.0f, base}; });
-      }
+      if constexpr (T::kMxfp4F32Kernel) gemm_mxfp4_f32<T>(a);
+      else run_f32_mxfp4<T>(a);
       break;
     case WeightFormat::Nvfp4: {
       const typename T::F base = T::fp4_base();
