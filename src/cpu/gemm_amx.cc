@@ -150,9 +150,10 @@ void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* c
 
 // One panel of 32 weight rows (A at a, row stride lda bytes) against every token group: nblk
 // steps of 64 bytes of K, nsets activation sets (terms) accumulated into the same tiles.
-// next: the following panel when the weights are read in place (32 · lda contiguous bytes, null
-// otherwise): the first group pair's steps sweep it into the cache in address order, 32 lines a
-// step (the tile loads' 32 row streams are more than the hardware prefetchers follow).
+// Weights read in place are not prefetched by software: a sweep of the next panel (32 lines a
+// step) measured slower than the hardware prefetchers alone (one core, K = 2048, N = 1536, µs
+// sweep / none: bf16 weights 16 tokens 491–499 / 435–455 from DRAM, 250 / 241 from L3; INT8
+// 4–16 tokens 253–270 / 236–247 from DRAM; bench/RESULTS.md 2026-12-06).
 // prep(b0, b1): fills blocks [b0, b1) of A (a decoded panel) just before the first group pair
 // uses them, kPrepBlocks at a time, so a decoded chunk (32 rows × 256 bf16 = 16 KB) is still in
 // L1 when the tiles load it. kWrap: block b lives at A + 64 · (b & kWrap); with one pass (≤ 32
@@ -165,8 +166,7 @@ struct NoPrep {
 };
 template <bool kBf16, class Prep = NoPrep, int kWrap = -1>
 void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
-                 const uint8_t* next = nullptr, Prep prep = {}) {
-  const int64_t pf_step = next ? (kPanelRows * lda / nblk + 63) / 64 * 64 : 0;  // bytes per step
+                 Prep prep = {}) {
   const int ngroups = (a.ntok + 15) / 16;
   alignas(64) uint32_t cbuf[kPanelRows][32];  // fp32 or int32 sums
   for (int g0 = 0; g0 < ngroups; g0 += 2) {
@@ -178,8 +178,6 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
     for (int b = 0; b < nblk; ++b) {
       if constexpr (!std::is_same_v<Prep, NoPrep>)
         if (g0 == 0 && b % kPrepBlocks == 0) prep(b, b + kPrepBlocks < nblk ? b + kPrepBlocks : nblk);
-      if (g0 == 0 && next)
-        for (int64_t off = 0; off < pf_step; off += 64) _mm_prefetch(reinterpret_cast<const char*>(next + b * pf_step + off), _MM_HINT_T1);
       const uint8_t* Ab = A + 64 * (b & kWrap);
       _tile_loadd(4, Ab, lda);
       _tile_loadd(5, Ab + 16 * lda, lda);
@@ -210,16 +208,14 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
 inline int64_t panel_stride(int nblk) { return static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0); }
 
 // Weights read in place: the panel at row n0 when it lies inside the matrix (else null: the edge
-// goes through a copy), and in `next` the following panel of the task for the prefetch sweep.
+// goes through a copy).
 // Only while each panel meets at most one token-group pair (one pass): with more, a padded copy
 // (4 KiB row strides put a tile's 16 rows on one L1 set, and every further pass re-reads the
 // panel: 750 against 1030 GFLOP/s for decoded MXFP4 at 256 tokens, one core, hot).
-inline const uint8_t* in_place_panel(const GemmArgs& a, int n0, const uint8_t*& next) {
+inline const uint8_t* in_place_panel(const GemmArgs& a, int n0) {
   const WeightView& w = *a.w;
   if (n0 + kPanelRows > w.rows) return nullptr;
-  const uint8_t* p = w.data + static_cast<int64_t>(n0) * w.row_bytes;
-  next = n0 + kPanelRows < a.row1 && n0 + 2 * kPanelRows <= w.rows ? p + kPanelRows * w.row_bytes : nullptr;
-  return p;
+  return w.data + static_cast<int64_t>(n0) * w.row_bytes;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,16 +246,15 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   TileScope tiles;
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
     const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
-    const uint8_t* next = nullptr;
-    if (const uint8_t* A = in_place ? in_place_panel(a, n0, next) : nullptr) {
-      panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk, next);
+    if (const uint8_t* A = in_place ? in_place_panel(a, n0) : nullptr) {
+      panel_tiles<true>(a, n0, nr, A, w.row_bytes, pk, nterm, nblk);
       continue;
     }
     // The panel's 8 groups of 4 rows (rows past nr repeat the last one), their scales checked.
     // With one pass (ring): a decoder per row and chunk, its row in slot 0 (load(0, ·) keeps the
     // row's pointers in registers, not in an indexed array), and the next panel's codes (32
-    // contiguous rows) swept into L2 in address order, a share per chunk: 1.05–1.2× at 8–32
-    // tokens (bench/RESULTS.md 2026-12-05, afternoon). With several passes: the groups' decoders
+    // contiguous rows) swept into L2 in address order, a share per chunk (prep_ring). With
+    // several passes: the groups' decoders
     // and each row's stream prefetched ahead (the per-row form measured 2–8 % slower there).
     D dec[kPanelRows / kNR];
     Prefetch<kNR> pf[kPanelRows / kNR];
@@ -285,10 +280,17 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     const int64_t next_bytes = static_cast<int64_t>(next_rows) * w.row_bytes;
     // Two fill functions, not one with a compile-time switch: the merged form measured MXFP6's ring
     // 15 % slower (hot, 16 tokens, K = N = 1024: 131–143 → 152–158 µs; cause not established).
+    // The next panel's share is prefetched a few lines per decoded row, not in one burst: each
+    // software prefetch holds a fill buffer until its line arrives, so a burst of 64–128 stalled
+    // the decoder's own loads behind it (one core, K = 2048, N = 1536, 8 tokens, µs burst →
+    // spread: FP8 593 → 479 from DRAM, 455 → 308 from L3; MXFP4 457 → 305; bench/RESULTS.md
+    // 2026-12-06).
     auto prep_ring = [&](int b0, int b1) {  // (kend = 32 · nblk: whole decoder steps, no tail)
-      for (int64_t off = next_bytes * b0 / nblk / 64 * 64; off < next_bytes * b1 / nblk; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next_codes + off), _MM_HINT_T1);
+      const int64_t s0 = next_bytes * b0 / nblk / 64 * 64, s1 = next_bytes * b1 / nblk;
+      const int64_t per_row = ((s1 - s0) / 64 + kPanelRows - 1) / kPanelRows * 64;
       for (int r = 0; r < kPanelRows; ++r) {
+        for (int64_t off = s0 + r * per_row; off < s1 && off < s0 + (r + 1) * per_row; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next_codes + off), _MM_HINT_T1);
         int one[kNR];
         for (int& i : one) i = n0 + (r < nr ? r : nr - 1);
         const D d = make_dec(one);
@@ -314,9 +316,9 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       }
     };
     if (ring)
-      panel_tiles<true, decltype(prep_ring), kPrepBlocks - 1>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep_ring);
+      panel_tiles<true, decltype(prep_ring), kPrepBlocks - 1>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
     else
-      panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, nullptr, prep_panel);
+      panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_panel);
   }
 }
 
@@ -337,9 +339,8 @@ void amx_i8(const GemmArgs& a) {
   TileScope tiles;
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
     const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
-    const uint8_t* next = nullptr;
-    if (const uint8_t* A = in_place ? in_place_panel(a, n0, next) : nullptr) {
-      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk, next);
+    if (const uint8_t* A = in_place ? in_place_panel(a, n0) : nullptr) {
+      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk);
       continue;
     }
     // Edges: a zero-padded copy (rows past nr repeat the last one).

@@ -91,11 +91,13 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
-// The same switch on amx (the tiles): from 12. qwen3-30b-a3b / gpt-oss-20b, 2 threads, GEMM1 +
-// GEMM2 ms Fp4Mx / Bf16, two rounds: 6 tokens per expert 38.7, 35.4 / 44.5, 48.3; 8: 44.8, 40.0 /
-// 49.2, 50.0 (gpt-oss-20b 51.1, 46.8 / 51.8, 52.6); 10: 46.6, 46.5 / 50.3, 54.6; 12: 50.4, 50.8 /
-// 52.4, 47.4 (level); 16: 57.4, 57.9 / 53.2, 51.5 (bench/RESULTS.md 2026-12-05 afternoon).
-inline constexpr double kAmxW4a4Bf16Tokens = 12.0;
+// The same switch on amx (the tiles): from 6 since the ring decode's prefetch was spread over its
+// rows (it was 12 before, when the tiles' decode stalled on a burst of prefetches). One core, one
+// GEMM, cold, µs Fp4Mx / Bf16 (AMX): K = 2048, N = 1536: 4 tokens 243 / 318, 6: 370 / 315, 8: 405 /
+// 318, 12: 462 / 314; K = 768, N = 2048: 5 tokens 175 / 179, 6: 200 / 181, 8: 209 / 181. Layer,
+// qwen3-30b-a3b, 2 threads, 8 tokens per expert, ms with 12 / 6: 45.3–45.7 / 35.0–35.2
+// (bench/RESULTS.md 2026-12-06).
+inline constexpr double kAmxW4a4Bf16Tokens = 6.0;
 // Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
 // (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included. 6,
 // not 8: qwen3-30b-a3b, 2 threads, GEMM1 + GEMM2 ms at 8 → 6, two rounds, T = 96 / 112 (6 / 7
@@ -103,12 +105,12 @@ inline constexpr double kAmxW4a4Bf16Tokens = 12.0;
 // unquantized 59.7, 62.1 → 51.5, 50.2 / 63.0, 64.4 → 49.9, 51.1; MXFP6 level (bench/RESULTS.md
 // 2026-12-05 afternoon).
 inline constexpr double kAmxBf16Tokens = 6.0;
-// NVFP4 W4A4 from 12 (its bf16 decode costs more than MXFP4's: qwen3-30b-a3b, 2 threads, ms
-// Fp4Nv / Bf16: 8 tokens per expert 52, 49 / 63, 56; 16: 76, 75 / 63, 62; bench/RESULTS.md
-// 2026-12-05. After the ring decode, GEMM1 + GEMM2 ms, two rounds: qwen3 8 tokens per expert
-// 48.7, 52.5 / 54.1, 56.3; 10: 56.0, 56.8 / 55.8, 54.8; 12: 60.6, 63.8 / 56.6, 57.2; gpt-oss-20b
-// 8: 54.4, 54.5 / 70.4, 68.5; 12: 69.9, 67.0 / 71.7, 66.3 — the crossover near 10–12).
-inline constexpr double kAmxNvfp4Bf16Tokens = 12.0;
+// NVFP4 W4A4 from 8 (its bf16 decode costs more than MXFP4's). One core, one GEMM, cold, µs
+// Fp4Nv / Bf16 (AMX), after the ring's prefetch was spread: K = 2048, N = 1536: 4 tokens 253 /
+// 460, 6: 386 / 462, 8: 486 / 452, 12: 578 / 468; K = 768, N = 2048: 6 tokens 207 / 239, 8: 241 /
+// 234. Layer, qwen3-30b-a3b, 2 threads, 8 tokens per expert, ms with 12 / 8: 50.8–52.2 / 49.2–50.7
+// (bench/RESULTS.md 2026-12-06; it was 12 from layer A/Bs before).
+inline constexpr double kAmxNvfp4Bf16Tokens = 8.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {
