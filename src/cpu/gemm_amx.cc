@@ -155,16 +155,26 @@ void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* c
 // sweep / none: bf16 weights 16 tokens 491–499 / 435–455 from DRAM, 250 / 241 from L3; INT8
 // 4–16 tokens 253–270 / 236–247 from DRAM; bench/RESULTS.md 2026-12-06).
 // prep(b0, b1): fills blocks [b0, b1) of A (a decoded panel) just before the first group pair
-// uses them, kPrepBlocks at a time, so a decoded chunk (32 rows × 256 bf16 = 16 KB) is still in
-// L1 when the tiles load it. kWrap: block b lives at A + 64 · (b & kWrap); with one pass (≤ 32
-// tokens) A is a ring of kPrepBlocks blocks that every chunk overwrites, so the decoder's stores
+// uses them, kChunk at a time, so a decoded chunk (32 rows × 256 or 512 bf16 = 16 or 32 KB) is
+// still in L1 when the tiles load it. kWrap: block b lives at A + 64 · (b & kWrap); with one pass
+// (≤ 32 tokens) A is a ring of kChunk blocks that every chunk overwrites, so the decoder's stores
 // and the tile loads stay in L1 (a whole decoded panel, 32 rows × K, is 64–180 KB: past L1, the
 // stores missed and the tiles loaded from L2).
-constexpr int kPrepBlocks = 8;  // a power of two (the ring's index mask)
+constexpr int kPrepBlocks = 8;  // blocks per prep call without the ring (a whole decoded panel)
+// Blocks per ring chunk (a power of two: the ring's index mask), per decoder. Each chunk sets up a
+// decoder per row, a fixed cost per row and chunk that 16 blocks halve; MXFP4's decoder measured
+// faster with 8 (one core, K = 2048, N = 1536, cold, µs 8 → 16 blocks: 4 / 16 / 32 tokens FP8
+// 463–475 → 405–406 / 476 → 423 / 516–518 → 489–510; MXFP6 e2m3 486–501 → 416–427 / 503–595 →
+// 432–444 / 543–559 → 489–501; NVFP4 (16 tokens) 446–457 → 391–394; MXFP4 304–308 → 316–326 /
+// 311–314 → 325–336 / 364–390 → 387–398; bench/RESULTS.md 2026-12-06).
+template <class D>
+constexpr int ring_blocks() {
+  return std::is_same_v<D, BDecMxfp4> ? 8 : 16;
+}
 struct NoPrep {
   void operator()(int, int) const {}
 };
-template <bool kBf16, class Prep = NoPrep, int kWrap = -1>
+template <bool kBf16, class Prep = NoPrep, int kWrap = -1, int kChunk = kPrepBlocks>
 void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
                  Prep prep = {}) {
   const int ngroups = (a.ntok + 15) / 16;
@@ -177,7 +187,7 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
     _tile_zero(3);
     for (int b = 0; b < nblk; ++b) {
       if constexpr (!std::is_same_v<Prep, NoPrep>)
-        if (g0 == 0 && b % kPrepBlocks == 0) prep(b, b + kPrepBlocks < nblk ? b + kPrepBlocks : nblk);
+        if (g0 == 0 && b % kChunk == 0) prep(b, b + kChunk < nblk ? b + kChunk : nblk);
       const uint8_t* Ab = A + 64 * (b & kWrap);
       _tile_loadd(4, Ab, lda);
       _tile_loadd(5, Ab + 16 * lda, lda);
@@ -226,7 +236,8 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   const ActLayout& l = *a.layout;
   const WeightView& w = *a.w;
   const int K = w.cols;
-  static_assert(D::kStep % 32 == 0 && (32 * kPrepBlocks) % D::kStep == 0);
+  constexpr int kRing = ring_blocks<D>();
+  static_assert(D::kStep % 32 == 0 && (32 * kPrepBlocks) % D::kStep == 0 && (32 * kRing) % D::kStep == 0 && (kRing & (kRing - 1)) == 0);
   const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
   const int nblk = kend / 32;                                 // 64-byte steps (32 bf16)
   const auto act_row = [&](int j) { return a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride; };
@@ -237,10 +248,10 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   pack_b(a.ntok, nterm, nblk,
          [&](int s, int j) -> const uint8_t* { return s < bf16_term_count(act_row(j)) ? act_row(j) + l.vals_off + s * l.term_bytes : nullptr; },
          pk);
-  // One pass over each panel (≤ 2 token groups): the decoded blocks go through a ring of
-  // kPrepBlocks; more passes re-read the whole decoded panel.
+  // One pass over each panel (≤ 2 token groups): the decoded blocks go through a ring of kRing
+  // blocks; more passes re-read the whole decoded panel.
   const bool ring = ngroups <= 2;
-  const int64_t ldp = panel_stride(ring ? kPrepBlocks : nblk);
+  const int64_t ldp = panel_stride(ring ? kRing : nblk);
   auto* panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
   const bool in_place = w.fmt == WeightFormat::BF16 && K % 32 == 0 && ring;
   TileScope tiles;
@@ -316,7 +327,7 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       }
     };
     if (ring)
-      panel_tiles<true, decltype(prep_ring), kPrepBlocks - 1>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
+      panel_tiles<true, decltype(prep_ring), kRing - 1, kRing>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
     else
       panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_panel);
   }
