@@ -155,11 +155,12 @@ void emit_tiles(const GemmArgs& a, int n0, int nr, int j0, int nt, const void* c
 // sweep / none: bf16 weights 16 tokens 491–499 / 435–455 from DRAM, 250 / 241 from L3; INT8
 // 4–16 tokens 253–270 / 236–247 from DRAM; bench/RESULTS.md 2026-12-06).
 // prep(b0, b1): fills blocks [b0, b1) of A (a decoded panel) just before the first group pair
-// uses them, kChunk at a time, so a decoded chunk (32 rows × 256 or 512 bf16 = 16 or 32 KB) is
-// still in L1 when the tiles load it. kWrap: block b lives at A + 64 · (b & kWrap); with one pass
-// (≤ 32 tokens) A is a ring of kChunk blocks that every chunk overwrites, so the decoder's stores
-// and the tile loads stay in L1 (a whole decoded panel, 32 rows × K, is 64–180 KB: past L1, the
-// stores missed and the tiles loaded from L2).
+// uses them, a chunk of blocks at a time, so a decoded chunk (32 rows × 256 or 512 bf16 = 16 or
+// 32 KB) is still in L1 when the tiles load it. kRing > 0: with one pass (≤ 32 tokens) A is a ring
+// of kRing blocks (block b at A + 64 · (b mod kRing)) that every chunk of kRing blocks overwrites,
+// so the decoder's stores and the tile loads stay in L1 (a whole decoded panel, 32 rows × K, is
+// 64–180 KB: past L1, the stores missed and the tiles loaded from L2); kRing = 0: A holds the whole
+// panel, filled kPrepBlocks at a time.
 constexpr int kPrepBlocks = 8;  // blocks per prep call without the ring (a whole decoded panel)
 // Blocks per ring chunk (a power of two: the ring's index mask), per decoder. Each chunk sets up a
 // decoder per row, a fixed cost per row and chunk that 16 blocks halve; MXFP4's decoder measured
@@ -174,9 +175,12 @@ constexpr int ring_blocks() {
 struct NoPrep {
   void operator()(int, int) const {}
 };
-template <bool kBf16, class Prep = NoPrep, int kWrap = -1, int kChunk = kPrepBlocks>
+template <bool kBf16, class Prep = NoPrep, int kRing = 0>
 void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
                  Prep prep = {}) {
+  static_assert(kRing >= 0 && (kRing & (kRing - 1)) == 0);
+  constexpr int kChunk = kRing > 0 ? kRing : kPrepBlocks;
+  constexpr int kWrap = kRing > 0 ? kRing - 1 : -1;  // the block index mask
   const int ngroups = (a.ntok + 15) / 16;
   alignas(64) uint32_t cbuf[kPanelRows][32];  // fp32 or int32 sums
   for (int g0 = 0; g0 < ngroups; g0 += 2) {
@@ -237,7 +241,7 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   const WeightView& w = *a.w;
   const int K = w.cols;
   constexpr int kRing = ring_blocks<D>();
-  static_assert(D::kStep % 32 == 0 && (32 * kPrepBlocks) % D::kStep == 0 && (32 * kRing) % D::kStep == 0 && (kRing & (kRing - 1)) == 0);
+  static_assert(D::kStep % 32 == 0 && (32 * kPrepBlocks) % D::kStep == 0 && (32 * kRing) % D::kStep == 0);
   const int kend = (K + D::kStep - 1) / D::kStep * D::kStep;  // ≤ k_pad; decoders zero-fill past K
   const int nblk = kend / 32;                                 // 64-byte steps (32 bf16)
   const auto act_row = [&](int j) { return a.act_base + static_cast<int64_t>(a.act_index[j]) * l.stride; };
@@ -265,8 +269,8 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     // With one pass (ring): a decoder per row and chunk, its row in slot 0 (load(0, ·) keeps the
     // row's pointers in registers, not in an indexed array), and the next panel's codes (32
     // contiguous rows) swept into L2 in address order, a share per chunk (prep_ring). With
-    // several passes: the groups' decoders
-    // and each row's stream prefetched ahead (the per-row form measured 2–8 % slower there).
+    // several passes: the groups' decoders and each row's stream prefetched ahead (the per-row
+    // form measured 2–8 % slower there).
     D dec[kPanelRows / kNR];
     Prefetch<kNR> pf[kPanelRows / kNR];
     bool exact = true;
@@ -327,7 +331,7 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       }
     };
     if (ring)
-      panel_tiles<true, decltype(prep_ring), kRing - 1, kRing>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
+      panel_tiles<true, decltype(prep_ring), kRing>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
     else
       panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_panel);
   }

@@ -385,7 +385,14 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
                                 {DotKind::Bf16, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
                                 {DotKind::Bf16, WeightFormat::Nvfp4, ActQuant::Nvfp4, 96},
-                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8Static, 128}};
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8Static, 128},
+                                // amx: K past one ring chunk (gemm_amx.cc ring_blocks: 8 blocks of 32
+                                // for MXFP4, 16 otherwise), so the ring wraps and its last chunk is partial
+                                {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 608},
+                                {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 1064},
+                                {DotKind::Bf16, WeightFormat::Mxfp6E2M3, ActQuant::None, 544},
+                                {DotKind::Bf16, WeightFormat::Nvfp4, ActQuant::Nvfp4, 1120},
+                                {DotKind::Bf16, WeightFormat::BF16, ActQuant::None, 1000}};
   for (const K& kc : kinds) {
     // rows 1..38: two 16-row tiles + a remainder; up to 131 tokens: past the AVX2 W4A16 token tile (128)
     const int rows = 39, ntok = 131, k = kc.k;

@@ -88,11 +88,15 @@ constexpr bool row_stream_of() {
   if constexpr (requires { D::kRowStream; }) return D::kRowStream;
   return l2_prefetch_of<D>();
 }
-// The one-row stream's prefetch for step k of row slot i of decoder D, kRowStreamDist ahead.
+// The one-row streams' prefetch: the line kRowStreamDist past p (the row's bytes being read).
+template <auto kHint>
+inline void row_stream_prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kRowStreamDist), kHint);
+}
+// The same for step k of row slot i of decoder D (into L2 for the plain streams, else L1).
 template <class D>
 inline void row_stream_prefetch(const D& dec, int i, int k) {
-  constexpr auto kHint = l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0;
-  _mm_prefetch(reinterpret_cast<const char*>(dec.rs.row[i] + (k / D::kStep) * D::kBytes + kRowStreamDist), kHint);
+  row_stream_prefetch<l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0>(dec.rs.row[i] + (k / D::kStep) * D::kBytes);
 }
 
 // Software prefetch of a later row block in address order (prefetch_seq).
@@ -476,7 +480,7 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     for (int i = 0; i < kNR; ++i) {
       typename T::I a1 = T::izero();
       for (int k = 0; k < K; k += T::kI8Step) {
-        if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k + kRowStreamDist), _MM_HINT_T1);
+        if ((k & 63) == 0) row_stream_prefetch<_MM_HINT_T1>(w[i] + k);
         a1 = T::i8_dot(a1, T::i8_weights(w[i] + k, K - k), T::i8_act(act[0] + k));
       }
       acc[0][i] = a1;
