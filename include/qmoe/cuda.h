@@ -64,9 +64,10 @@ struct CudaOptions {
   // gemm_ws_f8_kernel with one / two weight tiles per CTA; -1 = env QMOE_CUDA_F8 (wg | ws1 | ws2),
   // else 2. For tests and measurements.
   int fp8_kernel = -1;
-  // Activation tiles by TMA on the warp-specialised wgmma kernel (128-token tiles): 0 off (cp.async
-  // gathers), 1 GEMM2 always and GEMM1 where 2 · intermediate ≥ 4096 (its operand is first gathered
-  // into tile order), 2 both GEMMs always; -1 = env QMOE_CUDA_TMA (0 | 1 | all), else 1. For tests
+  // Activation tiles by TMA on the warp-specialised wgmma kernel (64- and 128-token tiles): 0 off
+  // (cp.async gathers), 1 GEMM2 always and GEMM1 where 2 · intermediate ≥ 4096 (its operand is first
+  // gathered into tile order), 2 both GEMMs always; 3 / 4 as 1 / 2 on 128-token tiles only (the
+  // rule before 2026-12-06); -1 = env QMOE_CUDA_TMA (0 | 1 | all | 128 | all128), else 1. For tests
   // and measurements.
   int tma = -1;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert

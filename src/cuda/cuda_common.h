@@ -128,10 +128,10 @@ struct GemmArgs {
   // before: read them only after pdl_wait (launch.cuh).
   bool tiles_after_wait = false;
   int f8_kernel = 0;  // AFmt::E4m3: CudaOptions::fp8_kernel, resolved (0, 1, 2)
-  // Activation tiles by TMA (the warp-specialised kernels, 128-token tiles: ws_tma_built): the
+  // Activation tiles by TMA (the warp-specialised kernels, 64- / 128-token tiles: ws_tma_built): the
   // operand in tile order — its row offsets[e] + m + i holds the row of sorted slot offsets[e] + m
   // + i (launch_gather_rows, RowOut::row_map) — read through 2-D tensor maps (make_rows_tmap: 128
-  // bytes × 128 rows per box, 128B-swizzled) of the hi and, Bf16Split, lo rows. a_hi / a_lo /
+  // bytes × the tile's rows per box, 128B-swizzled) of the hi and, Bf16Split, lo rows. a_hi / a_lo /
   // a_rowscale keep their meaning (the row scales are read per slot as before).
   bool a_tma = false;
   CUtensorMap tma_hi{}, tma_lo{};
@@ -145,9 +145,9 @@ CUtensorMap make_rows_tmap(const void* base, int64_t rows, int64_t row_bytes, in
 // order), row_bytes each (a multiple of 16); hi and, when both are set, lo.
 void launch_gather_rows(const void* src_hi, const void* src_lo, int64_t row_bytes, const int32_t* sorted_slots,
                         int row_div, const int32_t* total, int max_rows, void* dst_hi, void* dst_lo, cudaStream_t s);
-// Whether the warp-specialised kernel with TMA activation tiles is built for this format and
-// activation operand (128-token tiles).
-bool ws_tma_built(WFmt wf, AFmt af);
+// Whether the warp-specialised kernel with TMA activation tiles is built for this format,
+// activation operand and token tile (64 or 128).
+bool ws_tma_built(WFmt wf, AFmt af, int bt);
 
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().

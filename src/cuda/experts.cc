@@ -139,7 +139,9 @@ struct CudaExperts::Impl {
 
   int a_elem_bytes() const { return af == AFmt::Int8 ? 1 : 2; }
   // GEMM1 takes the TMA path too (its operand gathered into tile order first).
-  bool tma_gather1() const { return tma_mode == 2 || w13.N >= kTmaGatherMinN; }
+  bool tma_gather1() const { return tma_mode == 2 || tma_mode == 4 || w13.N >= kTmaGatherMinN; }
+  // 64-token tiles take the TMA path too (modes 1 and 2; 3 and 4 keep it to 128-token tiles).
+  bool tma_tile64() const { return tma_mode == 1 || tma_mode == 2; }
 
   struct Plan {
     int bt = 16, max_tiles = 0, ks1 = 1, ks2 = 1, kps1 = 0, kps2 = 0;
@@ -468,13 +470,15 @@ static int resolve_fp8_kernel(int k) {
 }
 
 static int resolve_tma(int t) {
-  if (t < -1 || t > 2) throw Error("CUDA experts: tma must be -1, 0, 1 or 2, got " + std::to_string(t));
+  if (t < -1 || t > 4) throw Error("CUDA experts: tma must be -1 … 4, got " + std::to_string(t));
   if (t >= 0) return t;
   const char* v = std::getenv("QMOE_CUDA_TMA");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
   if (std::strcmp(v, "0") == 0) return 0;
   if (std::strcmp(v, "all") == 0) return 2;
-  throw Error(std::string("QMOE_CUDA_TMA='") + v + "': expected 0, 1 or all");
+  if (std::strcmp(v, "128") == 0) return 3;
+  if (std::strcmp(v, "all128") == 0) return 4;
+  throw Error(std::string("QMOE_CUDA_TMA='") + v + "': expected 0, 1, all, 128 or all128");
 }
 
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
@@ -862,9 +866,13 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   // Measured on an H100 (bench/RESULTS.md 2026-12-05 night, against no TMA, T = 256 / 1024 /
   // 4096): mixtral-8x7b 1.06–1.24x at T >= 1024 on every scheme; gpt-oss-120b and deepseek-v3
   // 1.04–1.13x at T = 4096 on the 4-bit, INT8 and FP8 schemes; qwen3-30b-a3b (2I = 1536)
-  // 0.94–0.97x at T = 4096 with GEMM1 gathered too, 0.99–1.03x with this rule.
+  // 0.94–0.97x at T = 4096 with GEMM1 gathered too, 0.99–1.03x with this rule. 64-token tiles
+  // (the split hi + lo schemes' prefill tile) take the same path: H200 2026-12-06, mixtral-8x7b
+  // w_mxfp4 / MXFP6 W6A16 1.10–1.18x at T = 256…4096, gpt-oss-120b w_mxfp4 1.04x at T = 4096, the
+  // 128-token-tile schemes level.
   auto use_tma = [&](AFmt af) {  // tma_rows > 0: reserved on the wgmma kernels
-    return m.tma_rows >= TK && pl.bt == 128 && ws_tma_built(m.wf, af) && (af != AFmt::E4m3 || m.f8_kernel > 0);
+    const bool tile_ok = pl.bt == 128 || (pl.bt == 64 && m.tma_tile64());
+    return m.tma_rows >= TK && tile_ok && ws_tma_built(m.wf, af, pl.bt) && (af != AFmt::E4m3 || m.f8_kernel > 0);
   };
   auto set_tma = [&](GemmArgs& g, const DevWeights& d, AFmt af, const DevBuf& shi, const DevBuf& slo, bool gather) {
     const int64_t rb = int64_t{d.Kpad} * eb;
@@ -872,8 +880,8 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
       launch_gather_rows(g.a_hi, af == AFmt::Bf16Split ? g.a_lo : nullptr, rb, g.sorted_slots, g.a_row_div,
                          g.offsets + m.E_loc, TK, shi.get(), af == AFmt::Bf16Split ? slo.get() : nullptr, s);
     g.a_tma = true;
-    g.tma_hi = make_rows_tmap(shi.get(), TK, rb, 128);
-    if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, 128);
+    g.tma_hi = make_rows_tmap(shi.get(), TK, rb, pl.bt);
+    if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, pl.bt);
   };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
   g1.tiles_after_wait = fuse_prep;

@@ -545,11 +545,16 @@ void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
 }
 
 // Only the warp-specialised kernels read activation tiles by TMA: a_tma is set by the caller
-// where ws_tma_built says the kernel exists (128-token tiles, wgmma).
+// where ws_tma_built says the kernel exists (64- and 128-token tiles, wgmma).
+template <WFmt WF, bool SPLIT>
+constexpr bool ws_tma_built_for(int bt) {
+  return bt == 128 ? ws_built<WF, SPLIT, 128>() : bt == 64 ? ws_built<WF, SPLIT, 64>() : false;
+}
+
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
-  if (a.a_tma && !(bt == 128 && wg && ws_built<WF, SPLIT, 128>()))
-    throw Error("CUDA GEMM: TMA activation tiles need the 128-token warp-specialised kernel");
+  if (a.a_tma && !(wg && ws_tma_built_for<WF, SPLIT>(bt)))
+    throw Error("CUDA GEMM: TMA activation tiles need the warp-specialised kernel (64- or 128-token tiles)");
   static_assert(WgCfg<WF, SPLIT>::kSupported ==
                     wgmma_supported(WF, SPLIT ? AFmt::Bf16Split : WF == WFmt::INT8 ? AFmt::Int8 : AFmt::Bf16),
                 "wgmma_supported() must match the kernel's configuration");

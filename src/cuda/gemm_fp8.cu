@@ -11,8 +11,8 @@ void launch_gemm_fp8(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cud
     if (!wg || (bt != 64 && bt != 128))
       throw Error("CUDA experts: e4m3 activations need the wgmma kernel and a 64- or 128-token tile, got " +
                   std::to_string(bt) + (wg ? "" : " without wgmma"));
-    if (a.a_tma && (bt != 128 || a.f8_kernel == 0))
-      throw Error("CUDA experts: TMA activation tiles need the warp-specialised e4m3 kernel and 128-token tiles");
+    if (a.a_tma && a.f8_kernel == 0)
+      throw Error("CUDA experts: TMA activation tiles need the warp-specialised e4m3 kernel");
     if (bt == 64) launch_gemm_f8<64>(a, grid, s, a.f8_kernel);
     else launch_gemm_f8<128>(a, grid, s, a.f8_kernel);
     return;

@@ -764,12 +764,12 @@ __device__ __forceinline__ void ws_produce(int nk, int kt0, uint64_t* full_bar, 
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_built() {
   using C = WgCfg<WF, SPLIT, BT>;
-  return C::kSupported && C::kWG == 2 && BT == 128;
+  return C::kSupported && C::kWG == 2 && (BT == 64 || BT == 128);
 }
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_default() {
   using C = WgCfg<WF, SPLIT, BT>;
-  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8 && SPLIT;
+  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8 && SPLIT && BT == 128;
 }
 
 template <WFmt WF, bool SPLIT, int BT_>
@@ -778,7 +778,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
   using C = WgCfg<WF, SPLIT, BT_>;
   using WT = typename C::WT;
   using F = AFrag<WF>;
-  static_assert(ws_built<WF, SPLIT, BT_>(), "two consumer warpgroups, 128-token tiles");
+  static_assert(ws_built<WF, SPLIT, BT_>(), "two consumer warpgroups, 64- or 128-token tiles");
   constexpr int BT = C::BT, NT = BT / 8, S = C::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   __shared__ int s_arow[BT];

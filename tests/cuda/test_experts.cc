@@ -651,14 +651,16 @@ TEST(CudaExperts, WgmmaTilesEveryScheme) {
         expect_exact(s, run_problem(s, pb, o), pb.T,
                      std::string(s.name) + " tile " + std::to_string(bt) + (wg ? " wgmma" : " mma.sync"));
       }
-    // 128-token tiles with the activation tiles by TMA on both GEMMs (GEMM1's operand gathered into
-    // tile order; by default only from 2I >= 4096, past this problem) and with none (cp.async).
-    for (int tma : {2, 0}) {
-      CudaOptions o;
-      o.token_tile = 128;
-      o.tma = tma;
-      expect_exact(s, run_problem(s, pb, o), pb.T, std::string(s.name) + " tile 128 wgmma tma " + std::to_string(tma));
-    }
+    // 64- and 128-token tiles with the activation tiles by TMA on both GEMMs (GEMM1's operand
+    // gathered into tile order; by default only from 2I >= 4096, past this problem) and with none.
+    for (int bt : {64, 128})
+      for (int tma : {2, 0}) {
+        CudaOptions o;
+        o.token_tile = bt;
+        o.tma = tma;
+        expect_exact(s, run_problem(s, pb, o), pb.T,
+                     std::string(s.name) + " tile " + std::to_string(bt) + " wgmma tma " + std::to_string(tma));
+      }
   }
 }
 
