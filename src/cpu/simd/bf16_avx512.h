@@ -67,13 +67,41 @@ inline __m512i exp_delta(int s) { return _mm512_set1_epi16(static_cast<short>((s
 // fp32 lanes 0–7 of a step hold block g's products, 8–15 block g + 1's), one FMA per step, row and
 // activation row instead of raising the table per step and row; the decoded-row buffer takes the
 // raised codes (load).
+//
+// The amx ring decode (gemm_amx.cc) raises a pair-interleaved table instead (load_raised): entry
+// 2c holds code c for block g, 2c + 1 for block g + 1, so one step's two exponent deltas are one
+// dword broadcast from memory (step_deltas, once per row and ring chunk) where load builds them
+// from two scalar broadcasts and a blend per step.
 struct BDecMxfp4 {
   RowSet<kNR> rs;
   int K;
   __m512i base;      // codes 0..15 twice
   __mmask32 nonzero; // entries that are not ±0
   const float* e8;   // e8m0_table()
+  __m512i ibase;     // codes 0..15, each twice in a row (load_raised)
+  __mmask32 inz;     // its entries that are not ±0
   static constexpr int kStep = 64, kBytes = 32;
+  static constexpr int kChunkSteps = 4;  // step_deltas: 8 blocks
+  // dd[j] (j < 4): the deltas (s − 127) << 7 of blocks b0 + 2j (low word) and b0 + 2j + 1 (high);
+  // blocks past the row read as s = 127 (delta 0).
+  void step_deltas(int i, int b0, uint32_t* dd) const {
+    const int left = (K >> 5) - b0;
+    const __mmask16 m = static_cast<__mmask16>(left >= 8 ? 0xFF : (1u << left) - 1);
+    const __m128i s = _mm_cvtepu8_epi16(_mm_mask_loadu_epi8(_mm_set1_epi8(127), m, rs.scales[i] + b0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dd), _mm_slli_epi16(_mm_sub_epi16(s, _mm_set1_epi16(127)), 7));
+  }
+  // load(i, k, w) with the step's deltas dd = step_deltas' word pair for k.
+  void load_raised(int i, int k, const uint32_t* dd, __m512i* w) const {
+    const __m512i tab = _mm512_mask_add_epi16(ibase, inz, ibase, _mm512_set1_epi32(static_cast<int>(*dd)));
+    const uint8_t* p = rs.row[i] + (k >> 1);
+    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
+    const __m512i x = _mm512_cvtepu8_epi16(bytes);
+    const __m512i sel = _mm512_set_epi64(0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0, 0, 0);
+    const __m512i m = _mm512_set1_epi16(0x1E);
+    w[0] = _mm512_permutexvar_epi16(_mm512_ternarylogic_epi64(_mm512_slli_epi16(x, 1), m, sel, 0xEA), tab);  // 2·lo | block
+    w[1] = _mm512_permutexvar_epi16(_mm512_ternarylogic_epi64(_mm512_srli_epi16(x, 3), m, sel, 0xEA), tab);  // 2·hi | block
+  }
   static constexpr bool kBlockFactor = true;
   void words(int i, int k, __m512i tab, __m512i* w) const {
     const uint8_t* p = rs.row[i] + (k >> 1);
@@ -219,7 +247,11 @@ bool with_bf16_decoder(const WeightView& w, F&& f) {
       for (int c = 0; c < 32; ++c) b32[c] = t.codes[c & 15];
       const __m512i base = _mm512_loadu_si512(b32);
       const __mmask32 nz = _mm512_test_epi16_mask(base, _mm512_set1_epi16(0x7FFF));
-      f([&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz, e8m0_table()}; }, K / 32, t.smin, t.smax);
+      uint16_t i32[32];
+      for (int c = 0; c < 32; ++c) i32[c] = t.codes[c >> 1];
+      const __m512i ibase = _mm512_loadu_si512(i32);
+      const __mmask32 inz = _mm512_test_epi16_mask(ibase, _mm512_set1_epi16(0x7FFF));
+      f([&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz, e8m0_table(), ibase, inz}; }, K / 32, t.smin, t.smax);
       return true;
     }
     case WeightFormat::Mxfp6E2M3:
