@@ -251,7 +251,8 @@ bool with_bf16_decoder(const WeightView& w, F&& f) {
       for (int c = 0; c < 32; ++c) i32[c] = t.codes[c >> 1];
       const __m512i ibase = _mm512_loadu_si512(i32);
       const __mmask32 inz = _mm512_test_epi16_mask(ibase, _mm512_set1_epi16(0x7FFF));
-      f([&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz, e8m0_table(), ibase, inz}; }, K / 32, t.smin, t.smax);
+      const float* e8 = e8m0_table();  // here, not per decoder: the ring makes one per row and chunk
+      f([&](const int* r) { return BDecMxfp4{row_set<kNR>(w, r, K / 32), K, base, nz, e8, ibase, inz}; }, K / 32, t.smin, t.smax);
       return true;
     }
     case WeightFormat::Mxfp6E2M3:
@@ -260,12 +261,14 @@ bool with_bf16_decoder(const WeightView& w, F&& f) {
       const __m512i lo = _mm512_loadu_si512(t.codes), hi = _mm512_loadu_si512(t.codes + 32);
       const __mmask32 nzl = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(0x7FFF));
       const __mmask32 nzh = _mm512_test_epi16_mask(hi, _mm512_set1_epi16(0x7FFF));
-      f([&](const int* r) { return BDecMxfp6{row_set<kNR>(w, r, K / 32), K, lo, hi, nzl, nzh, e8m0_table()}; }, K / 32, t.smin, t.smax);
+      const float* e8 = e8m0_table();
+      f([&](const int* r) { return BDecMxfp6{row_set<kNR>(w, r, K / 32), K, lo, hi, nzl, nzh, e8}; }, K / 32, t.smin, t.smax);
       return true;
     }
     case WeightFormat::Nvfp4: {
       const __m512 e2m1 = Avx512::fp4_base();
-      f([&](const int* r) { return BDecNvfp4{row_set<kNR>(w, r, K / 16), K, e2m1, fp8_e4m3_table()}; }, 0, 0, 0);
+      const float* f8 = fp8_e4m3_table();
+      f([&](const int* r) { return BDecNvfp4{row_set<kNR>(w, r, K / 16), K, e2m1, f8}; }, 0, 0, 0);
       return true;
     }
     case WeightFormat::Fp8E4M3: {
