@@ -124,6 +124,13 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // unquantized intermediates in 3 terms: the tiles' throughput makes the extra products cheap).
     if (bf16_weights || (s.weight == WeightFormat::Nvfp4 && tokens_per_expert >= kAmxNvfp4Bf16Tokens)) return DotKind::Bf16;
   }
+  // Earlier for MXFP4 and FP8 weights on one-term inputs (bf16 hidden states, quantized
+  // intermediates): the F32 kind takes 5–8 tokens in two passes of ≤ 4, the tiles one.
+  const bool fp32_gemm2 = gemm == 2 && s.act == ActQuant::None;  // an unquantized intermediate: 3 terms
+  if (isa == Isa::Amx && !fp32_gemm2) {
+    if (s.weight == WeightFormat::Mxfp4 && tokens_per_expert >= kAmxMxfp4Bf16Tokens) return DotKind::Bf16;
+    if (s.weight == WeightFormat::Fp8E4M3 && tokens_per_expert >= kAmxFp8Bf16Tokens) return DotKind::Bf16;
+  }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
   // Few tokens per expert on the AMX parts (Intel): MXFP4 and FP8 weights run faster on the fp32
   // FMA kind than on vdpbf16ps (one core, K = 2048, N = 1536, bf16 activations, cold, µs F32 /

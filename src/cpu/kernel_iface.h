@@ -91,13 +91,15 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
-// The same switch on amx (the tiles): from 6 since the ring decode's prefetch was spread over its
-// rows (it was 12 before, when the tiles' decode stalled on a burst of prefetches). One core, one
-// GEMM, cold, µs Fp4Mx / Bf16 (AMX): K = 2048, N = 1536: 4 tokens 243 / 318, 6: 370 / 315, 8: 405 /
-// 318, 12: 462 / 314; K = 768, N = 2048: 5 tokens 175 / 179, 6: 200 / 181, 8: 209 / 181. Layer,
-// qwen3-30b-a3b, 2 threads, 8 tokens per expert, ms with 12 / 6: 45.3–45.7 / 35.0–35.2
-// (bench/RESULTS.md 2026-12-06).
-inline constexpr double kAmxW4a4Bf16Tokens = 6.0;
+// The same switch on amx (the tiles): from a mean of 4.5. The Fp4Mx kernel takes 5–8 tokens in
+// two passes of ≤ 4, the tiles in one, and the choice holds for every expert of the call: with a
+// Poisson spread of tokens over the experts the expected cost per expert (one core, cold, K =
+// 2048, N = 1536, µs per token count: Fp4Mx 127 / 156 / 186 / 247 / 326 / 383 / – / 414 at 1–8,
+// the tiles 278 / 268 / 275 / 285 at 4 / 5 / 6 / 8, the Bf16 row kernel 226 / 251 / 313 at 1–3)
+// crosses at a mean of ~4.4 (K = 2880, N = 5760: the tiles ahead from 4 tokens). Layer, 2 threads,
+// mean 5 (qwen3-30b-a3b T = 80, gpt-oss-20b T = 40): 1.06–1.1×, inside this VM's spread for
+// gpt-oss-20b (bench/RESULTS.md 2026-12-06).
+inline constexpr double kAmxW4a4Bf16Tokens = 4.5;
 // Tokens per expert from which the amx target runs every bf16-exact weight format on the Bf16 kind
 // (AMX tiles from gemm_amx.cc's kAmxMinTokens per task), unquantized intermediates included. 6,
 // not 8: qwen3-30b-a3b, 2 threads, GEMM1 + GEMM2 ms at 8 → 6, two rounds, T = 96 / 112 (6 / 7
@@ -105,6 +107,18 @@ inline constexpr double kAmxW4a4Bf16Tokens = 6.0;
 // unquantized 59.7, 62.1 → 51.5, 50.2 / 63.0, 64.4 → 49.9, 51.1; MXFP6 level (bench/RESULTS.md
 // 2026-12-05 afternoon).
 inline constexpr double kAmxBf16Tokens = 6.0;
+// MXFP4 weights (W4A16, W4A8, W4A6) and FP8 weights on one-term inputs (bf16 hidden states,
+// quantized intermediates; not GEMM2 of an unquantized intermediate, 3 terms: kAmxBf16Tokens):
+// the tiles from a mean of 3 / 4 tokens per expert. The F32 kind takes 5–8 tokens in two passes of
+// ≤ 4. One core, cold, K = 2048, N = 1536, µs at 1–6 / 8 tokens: MXFP4 F32 147 / 202 / 225 / 281 /
+// 560 / 640 / 713, Bf16 (row kernel below 4, tiles from 4) 226 / 251 / 313 / 278 / 268 / 275 / 285;
+// FP8 F32 262 / 328 / 352 / 374 / 655 / 713 / 815, Bf16 279 / 456 / 510 / 452 / 452 / 458 / 446:
+// with a Poisson spread the expected costs cross at a mean of ~2.7 (MXFP4) and ~3.6 (FP8). Layer,
+// 2 threads, ms before → after: qwen3-30b-a3b T = 64 / 80 W4A16 +bf16act 40.0–43.3 → 32.9–39.8 /
+// 48.9–52.1 → 36.7–50.6, FP8 52.8–73.6 → 47.0–53.0 / 61.7–66.2 → 48.7–75.9; gpt-oss-20b T = 24 /
+// 32 / 40 W4A16 1.15 / 1.28 / 1.4×, FP8 T = 32 / 40 1.14 / 1.33× (bench/RESULTS.md 2026-12-06).
+inline constexpr double kAmxMxfp4Bf16Tokens = 3.0;
+inline constexpr double kAmxFp8Bf16Tokens = 4.0;
 // NVFP4 W4A4 from 8 (its bf16 decode costs more than MXFP4's). One core, one GEMM, cold, µs
 // Fp4Nv / Bf16 (AMX), after the ring's prefetch was spread: K = 2048, N = 1536: 4 tokens 253 /
 // 460, 6: 386 / 462, 8: 486 / 452, 12: 578 / 468; K = 768, N = 2048: 6 tokens 207 / 239, 8: 241 /

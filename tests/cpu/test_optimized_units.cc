@@ -592,7 +592,7 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
   // unquantized intermediate of GEMM2 too; below, avx512bf16's choices.
   const SchemeInfo& bf = scheme_by_name("unquantized");
   const SchemeInfo& w4 = scheme_by_name("w_mxfp4");
-  for (double tpe : {kAmxBf16Tokens, kW4a4Bf16Tokens, kAmxW4a4Bf16Tokens, 64.0}) {
+  for (double tpe : {kAmxBf16Tokens, kW4a4Bf16Tokens, 64.0}) {
     for (int gemm : {1, 2}) {
       EXPECT_EQ(DotKind::Bf16, dot_kind_for(bf, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
       EXPECT_EQ(DotKind::Bf16, dot_kind_for(w4, Isa::Amx, gemm, DType::BF16, tpe)) << gemm;
@@ -603,19 +603,32 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
       EXPECT_EQ(DotKind::F32, dot_kind_for(bf, Isa::Amx, gemm, DType::F32, tpe)) << gemm;  // fp32 storage
     }
   }
-  // Below: avx512bf16's choices, except MXFP4 / FP8 weights with non-MXFP4 activations, which take
-  // the fp32 FMA kind there (faster on Intel's cores than vdpbf16ps).
+  // Below every amx threshold: avx512bf16's choices, except MXFP4 / FP8 weights with non-MXFP4
+  // activations, which take the fp32 FMA kind there (faster on Intel's cores than vdpbf16ps).
   const SchemeInfo& f8 = scheme_by_name("w_fp8_channel_a_fp8_dyn_token");
   const SchemeInfo& w6 = scheme_by_name("w_mxfp6_e2m3");
-  for (double tpe : {0.5, kAmxBf16Tokens - 0.5})
+  const SchemeInfo& w4a8 = scheme_by_name("w_mxfp4_a_fp8");
+  for (double tpe : {0.5, kAmxMxfp4Bf16Tokens - 0.5})
     for (int gemm : {1, 2}) {
       for (const SchemeInfo* s : {&bf, &mx, &nv, &i8, &w6})
         EXPECT_EQ(dot_kind_for(*s, Isa::Avx512Bf16, gemm, DType::BF16, tpe), dot_kind_for(*s, Isa::Amx, gemm, DType::BF16, tpe))
             << s->name << " " << gemm << " " << tpe;
-      EXPECT_EQ(DotKind::F32, dot_kind_for(w4, Isa::Amx, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
-      EXPECT_EQ(DotKind::F32, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
-      EXPECT_EQ(DotKind::Bf16, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, kAmxBf16Tokens)) << gemm;
+      for (const SchemeInfo* s : {&w4, &w4a8, &f8}) EXPECT_EQ(DotKind::F32, dot_kind_for(*s, Isa::Amx, gemm, DType::BF16, tpe)) << s->name << " " << gemm << " " << tpe;
     }
+  // MXFP4 / FP8 weights on one-term inputs take the tiles from kAmxMxfp4Bf16Tokens /
+  // kAmxFp8Bf16Tokens; an unquantized intermediate (GEMM2 of a weight-only scheme, 3 terms) only
+  // from kAmxBf16Tokens. MXFP4 W4A4 from kAmxW4a4Bf16Tokens.
+  for (double tpe : {kAmxMxfp4Bf16Tokens, kAmxBf16Tokens - 0.5}) {
+    EXPECT_EQ(DotKind::Bf16, dot_kind_for(w4, Isa::Amx, 1, DType::BF16, tpe)) << tpe;
+    EXPECT_EQ(DotKind::F32, dot_kind_for(w4, Isa::Amx, 2, DType::BF16, tpe)) << tpe;
+    for (int gemm : {1, 2}) EXPECT_EQ(DotKind::Bf16, dot_kind_for(w4a8, Isa::Amx, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
+  }
+  for (int gemm : {1, 2}) {
+    EXPECT_EQ(DotKind::F32, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, kAmxFp8Bf16Tokens - 0.5)) << gemm;
+    EXPECT_EQ(DotKind::Bf16, dot_kind_for(f8, Isa::Amx, gemm, DType::BF16, kAmxFp8Bf16Tokens)) << gemm;
+    EXPECT_EQ(DotKind::Fp4Mx, dot_kind_for(mx, Isa::Amx, gemm, DType::BF16, kAmxW4a4Bf16Tokens - 0.5)) << gemm;
+    EXPECT_EQ(DotKind::Bf16, dot_kind_for(mx, Isa::Amx, gemm, DType::BF16, kAmxW4a4Bf16Tokens)) << gemm;
+  }
 }
 
 TEST(OptimizedUnits, ThreadPoolCoversEveryIndexOnce) {
