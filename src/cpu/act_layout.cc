@@ -118,26 +118,27 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
   // Weights that the bf16 decoders give exactly (MX: the block scale in the exponent).
   const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
                             is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
+  // GEMM2 of an unquantized intermediate: fp32 values, 3 bf16 terms on the Bf16 kind.
+  const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
   if (isa == Isa::Amx && tokens_per_expert >= kAmxBf16Tokens) {
     // AMX tiles (gemm_amx.cc): every weight format that decodes exactly to bf16 (NVFP4: e2m1 times
     // its fp8 block scale) takes TDPBF16PS, fp32 inputs too (NVFP4's dequantized activations and
     // unquantized intermediates in 3 terms: the tiles' throughput makes the extra products cheap).
     if (bf16_weights || (s.weight == WeightFormat::Nvfp4 && tokens_per_expert >= kAmxNvfp4Bf16Tokens)) return DotKind::Bf16;
   }
-  // Earlier for MXFP4 and FP8 weights on one-term inputs (bf16 hidden states, quantized
-  // intermediates): the F32 kind takes 5–8 tokens in two passes of ≤ 4, the tiles one.
-  const bool fp32_gemm2 = gemm == 2 && s.act == ActQuant::None;  // an unquantized intermediate: 3 terms
-  if (isa == Isa::Amx && !fp32_gemm2) {
-    if (s.weight == WeightFormat::Mxfp4 && tokens_per_expert >= kAmxMxfp4Bf16Tokens) return DotKind::Bf16;
-    if (s.weight == WeightFormat::Fp8E4M3 && tokens_per_expert >= kAmxFp8Bf16Tokens) return DotKind::Bf16;
+  if (isa == Isa::Amx && (s.weight == WeightFormat::Mxfp4 || s.weight == WeightFormat::Fp8E4M3)) {
+    // Fewer tokens per expert on the AMX parts (Intel): MXFP4 and FP8 weights take the tiles from
+    // kAmxMxfp4Bf16Tokens / kAmxFp8Bf16Tokens on one-term inputs (bf16 hidden states, quantized
+    // intermediates: the F32 kind takes 5–8 tokens in two passes of ≤ 4, the tiles one), else the
+    // fp32 FMA kind, faster than vdpbf16ps here (one core, K = 2048, N = 1536, bf16 activations,
+    // cold, µs F32 / Bf16: MXFP4 1 token 144–154 / 183–184, 4 tokens 324–331 / 426–439; FP8 4
+    // tokens 316–335 / 445–455; MXFP6 the other way, 1 token 321–333 / 237–243), where AMD's
+    // AVX-512 parts measured the Bf16 kind faster (bench/RESULTS.md 2026-12-02, 2026-12-05
+    // afternoon and 2026-12-06).
+    const double from = s.weight == WeightFormat::Mxfp4 ? kAmxMxfp4Bf16Tokens : kAmxFp8Bf16Tokens;
+    return !fp32_input && tokens_per_expert >= from ? DotKind::Bf16 : DotKind::F32;
   }
   if (s.weight == WeightFormat::Nvfp4 && s.act == ActQuant::Nvfp4) return DotKind::Fp4Nv;
-  // Few tokens per expert on the AMX parts (Intel): MXFP4 and FP8 weights run faster on the fp32
-  // FMA kind than on vdpbf16ps (one core, K = 2048, N = 1536, bf16 activations, cold, µs F32 /
-  // Bf16: MXFP4 1 token 144–154 / 183–184, 4 tokens 324–331 / 426–439; FP8 4 tokens 316–335 /
-  // 445–455; MXFP6 the other way, 1 token 321–333 / 237–243), where AMD's AVX-512 parts measured
-  // the Bf16 kind faster (bench/RESULTS.md 2026-12-02 and 2026-12-05 afternoon).
-  if (isa == Isa::Amx && (s.weight == WeightFormat::Mxfp4 || s.weight == WeightFormat::Fp8E4M3)) return DotKind::F32;
   if (isa == Isa::Avx512Bf16 || isa == Isa::Amx) {
     // Weights exact in bf16 (MX: with the block scale in the exponent); any activation rule (the
     // terms hold the fp32 values exactly). GEMM1 inputs are bf16 values in practice (one term), as
@@ -146,7 +147,6 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // 4 tokens per expert on); MXFP6's fp32 decode costs more than the extra terms below ~8
     // tokens per expert (the decode regime), not above. bench/RESULTS.md, 2026-12-02.
     if (bf16_weights) {
-      const bool fp32_input = gemm == 2 && s.act == ActQuant::None;
       const bool fp6 = s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2;
       if (!fp32_input || (fp6 && tokens_per_expert < 8.0)) return DotKind::Bf16;
     }

@@ -314,21 +314,17 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         // one core, K = 2048, N = 1536, from DRAM, µs 8 / 16 / 32 tokens 321–324 → 297–298 /
         // 328–329 → 310–312 / 404–409 → 380–382 (bench/RESULTS.md 2026-12-06; MXFP6's one delta
         // per step gained 1–2 % the same way, not taken).
-        if constexpr (requires { D::kChunkSteps; }) {
+        constexpr bool kRaised = requires { D::kChunkSteps; };
+        alignas(16) uint32_t dd[kRaised ? kRing * 32 / D::kStep : 1];
+        if constexpr (kRaised) {
           static_assert(D::kChunkSteps * D::kStep == 32 * kRing);
-          alignas(16) uint32_t dd[D::kChunkSteps];
           d.step_deltas(0, b0, dd);
-          for (int k = 32 * b0, j = 0; k < 32 * b1; k += D::kStep, ++j) {
-            __m512i wv[D::kStep / 32];
-            d.load_raised(0, k, dd + j, wv);
-            for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k - 32 * b0 + 32 * v), wv[v]);
-          }
-        } else {
-          for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
-            __m512i wv[D::kStep / 32];
-            d.load(0, k, wv);
-            for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k - 32 * b0 + 32 * v), wv[v]);
-          }
+        }
+        for (int k = 32 * b0, j = 0; k < 32 * b1; k += D::kStep, ++j) {
+          __m512i wv[D::kStep / 32];
+          if constexpr (kRaised) d.load_raised(0, k, dd + j, wv);
+          else d.load(0, k, wv);
+          for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k - 32 * b0 + 32 * v), wv[v]);
         }
       }
     };

@@ -62,6 +62,13 @@ inline __m512i raise_exponents(__m512i tab, __mmask32 nonzero, __m512i delta) {
 }
 inline __m512i exp_delta(int s) { return _mm512_set1_epi16(static_cast<short>((s - 127) << 7)); }
 
+// The 32 code bytes of the 64-element fp4 step at element k of a packed row, one per word (MXFP4,
+// NVFP4). K % 64 == 32: the last step holds group g only, group g + 1's words read as zero.
+inline __m512i fp4_step_bytes(const uint8_t* row, int k, int K) {
+  const uint8_t* p = row + (k >> 1);
+  return _mm512_cvtepu8_epi16(k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi8(0xFFFFu, p));
+}
+
 // The few-token kernel (bf16_kernel) takes the codes unscaled (load_unscaled: the fixed table)
 // and multiplies each step's fp32 products by [2^(s_g−127) ×8 | 2^(s_g+1−127) ×8] (factor: the
 // fp32 lanes 0–7 of a step hold block g's products, 8–15 block g + 1's), one FMA per step, row and
@@ -86,17 +93,13 @@ struct BDecMxfp4 {
   // blocks past the row read as s = 127 (delta 0).
   void step_deltas(int i, int b0, uint32_t* dd) const {
     const int left = (K >> 5) - b0;
-    const __mmask16 m = static_cast<__mmask16>(left >= 8 ? 0xFF : (1u << left) - 1);
-    const __m128i s = _mm_cvtepu8_epi16(_mm_mask_loadu_epi8(_mm_set1_epi8(127), m, rs.scales[i] + b0));
+    const __m128i s = _mm_cvtepu8_epi16(_mm_mask_loadu_epi8(_mm_set1_epi8(127), mask16(left < 8 ? left : 8), rs.scales[i] + b0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dd), _mm_slli_epi16(_mm_sub_epi16(s, _mm_set1_epi16(127)), 7));
   }
   // load(i, k, w) with the step's deltas dd = step_deltas' word pair for k.
   void load_raised(int i, int k, const uint32_t* dd, __m512i* w) const {
-    const __m512i tab = _mm512_mask_add_epi16(ibase, inz, ibase, _mm512_set1_epi32(static_cast<int>(*dd)));
-    const uint8_t* p = rs.row[i] + (k >> 1);
-    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
-    const __m512i x = _mm512_cvtepu8_epi16(bytes);
+    const __m512i tab = raise_exponents(ibase, inz, _mm512_set1_epi32(static_cast<int>(*dd)));
+    const __m512i x = fp4_step_bytes(rs.row[i], k, K);
     const __m512i sel = _mm512_set_epi64(0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0, 0, 0);
     const __m512i m = _mm512_set1_epi16(0x1E);
     w[0] = _mm512_permutexvar_epi16(_mm512_ternarylogic_epi64(_mm512_slli_epi16(x, 1), m, sel, 0xEA), tab);  // 2·lo | block
@@ -104,10 +107,7 @@ struct BDecMxfp4 {
   }
   static constexpr bool kBlockFactor = true;
   void words(int i, int k, __m512i tab, __m512i* w) const {
-    const uint8_t* p = rs.row[i] + (k >> 1);
-    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
-    const __m512i x = _mm512_cvtepu8_epi16(bytes);
+    const __m512i x = fp4_step_bytes(rs.row[i], k, K);
     const __m512i sel = _mm512_set_epi64(0x0010001000100010ll, 0x0010001000100010ll, 0x0010001000100010ll, 0x0010001000100010ll, 0, 0, 0, 0);
     const __m512i lo = _mm512_ternarylogic_epi64(x, _mm512_set1_epi16(0x000F), sel, 0xEA);  // (x & 15) | sel
     const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(x, 4), sel);
@@ -177,10 +177,7 @@ struct BDecNvfp4 {
     const float f0 = f8[sc[0]], f1 = f8[sc[1]], f2 = b + 2 < nb ? f8[sc[2]] : 0.0f, f3 = b + 3 < nb ? f8[sc[3]] : 0.0f;
     const __m512i ta = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e2m1, _mm512_set1_ps(f1)), _mm512_mul_ps(e2m1, _mm512_set1_ps(f0)));
     const __m512i tb = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e2m1, _mm512_set1_ps(f3)), _mm512_mul_ps(e2m1, _mm512_set1_ps(f2)));
-    const uint8_t* p = rs.row[i] + (k >> 1);
-    const __m256i bytes = k + 64 <= K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                      : _mm256_maskz_loadu_epi8(0xFFFFu, p);  // only group g (K % 64 == 32)
-    const __m512i x = _mm512_cvtepu8_epi16(bytes);
+    const __m512i x = fp4_step_bytes(rs.row[i], k, K);
     // words 0–7: block 2g (table a, entries 0–15), 8–15: 2g + 1 (16–31), 16–23: 2g + 2 (table b),
     // 24–31: 2g + 3
     const __m512i sel = _mm512_set_epi64(0x0030003000300030ll, 0x0030003000300030ll, 0x0020002000200020ll, 0x0020002000200020ll,
