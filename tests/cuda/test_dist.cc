@@ -59,6 +59,8 @@ TEST_P(CudaDist, DeviceLayoutsMatchTheCpuLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDist, ::testing::ValuesIn(conformance::list_cases(false)),
                          case_param_name);
+// No cases on this machine (../shared absent, none carried): scripts/gpu_check.sh warns, the suite runs none.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaDist);
 
 TEST(CudaDistNccl, OneRankCommunicatorMovesAndSums) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
