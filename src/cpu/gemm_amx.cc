@@ -256,7 +256,14 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   // blocks; more passes re-read the whole decoded panel.
   const bool ring = ngroups <= 2;
   const int64_t ldp = panel_stride(ring ? kRing : nblk);
-  auto* panel = static_cast<uint8_t*>(thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp)));
+  // MXFP4 through the ring with whole steps (K % 64 == 0): the panel's exponent deltas, one dword
+  // per row and step (BDecMxfp4::step_deltas' pairs), behind the ring.
+  constexpr bool kMx4 = std::is_same_v<D, BDecMxfp4>;
+  const bool mx4_fill = kMx4 && ring && K % 64 == 0;
+  const int nsteps = (K / 64 + 15) / 16 * 16;
+  auto* panel = static_cast<uint8_t*>(
+      thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp) + (mx4_fill ? 4u * kPanelRows * nsteps : 0u)));
+  auto* deltas = reinterpret_cast<uint32_t*>(panel + kPanelRows * ldp);
   const bool in_place = w.fmt == WeightFormat::BF16 && K % 32 == 0 && ring;
   TileScope tiles;
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
@@ -273,6 +280,9 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     // form measured 2–8 % slower there).
     D dec[kPanelRows / kNR];
     Prefetch<kNR> pf[kPanelRows / kNR];
+    int rows0[kNR];
+    for (int& i : rows0) i = n0;
+    const D proto = make_dec(rows0);  // the format's tables (MXFP4's fill)
     bool exact = true;
     for (int g = 0; g < kPanelRows / kNR; ++g) {
       int rows[kNR];
@@ -341,7 +351,42 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         }
       }
     };
-    if (ring)
+    // MXFP4's fill without a decoder per row and chunk: the deltas of the panel's rows once (at its
+    // first chunk), then per row a pointer and the chunk's steps (BDecMxfp4::raised_words).
+    auto prep_mx4 = [&](int b0, int b1) {
+      if constexpr (kMx4) {
+        const int nb = K / 32;
+        if (b0 == 0)
+          for (int r = 0; r < kPanelRows; ++r) {
+            const uint8_t* sc = w.scales + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * nb;
+            for (int j = 0; j < nb; j += 32) {  // 32 blocks → 16 step dwords; past the row: unused
+              const __m256i s8 = _mm256_maskz_loadu_epi8(nb - j >= 32 ? ~0u : (1u << (nb - j)) - 1u, sc + j);
+              const __m512i d = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(s8), _mm512_set1_epi16(127)), 7);
+              _mm512_storeu_si512(deltas + r * nsteps + j / 2, d);
+            }
+          }
+        const int64_t s0 = next_bytes * b0 / nblk / 64 * 64, s1 = next_bytes * b1 / nblk;
+        const int64_t per_row = ((s1 - s0) / 64 + kPanelRows - 1) / kPanelRows * 64;
+        const __m512i ibase = proto.ibase;
+        const __mmask32 inz = proto.inz;
+        for (int r = 0; r < kPanelRows; ++r) {
+          for (int64_t off = s0 + r * per_row; off < s1 && off < s0 + (r + 1) * per_row; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(next_codes + off), _MM_HINT_T1);
+          const uint8_t* src = w.data + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * w.row_bytes + 16 * b0;
+          const uint32_t* dd = deltas + r * nsteps + b0 / 2;
+          uint8_t* dst = panel + r * ldp;
+          for (int j = 0; j < (b1 - b0) / 2; ++j) {
+            __m512i wv[2];
+            D::raised_words(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j))), dd[j], ibase, inz, wv);
+            _mm512_store_si512(dst + 128 * j, wv[0]);
+            _mm512_store_si512(dst + 128 * j + 64, wv[1]);
+          }
+        }
+      }
+    };
+    if (mx4_fill)
+      panel_tiles<true, decltype(prep_mx4), kRing>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_mx4);
+    else if (ring)
       panel_tiles<true, decltype(prep_ring), kRing>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_ring);
     else
       panel_tiles<true>(a, n0, nr, panel, ldp, pk, nterm, nblk, prep_panel);

@@ -97,9 +97,11 @@ struct BDecMxfp4 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dd), _mm_slli_epi16(_mm_sub_epi16(s, _mm_set1_epi16(127)), 7));
   }
   // load(i, k, w) with the step's deltas dd = step_deltas' word pair for k.
-  void load_raised(int i, int k, const uint32_t* dd, __m512i* w) const {
-    const __m512i tab = raise_exponents(ibase, inz, _mm512_set1_epi32(static_cast<int>(*dd)));
-    const __m512i x = fp4_step_bytes(rs.row[i], k, K);
+  void load_raised(int i, int k, const uint32_t* dd, __m512i* w) const { raised_words(fp4_step_bytes(rs.row[i], k, K), *dd, ibase, inz, w); }
+  // A step's two vectors from its code bytes x (fp4_step_bytes) and its deltas' word pair dd, through
+  // the pair-interleaved table ibase (nonzero entries inz); also the amx ring's panel fill.
+  static void raised_words(__m512i x, uint32_t dd, __m512i ibase, __mmask32 inz, __m512i* w) {
+    const __m512i tab = raise_exponents(ibase, inz, _mm512_set1_epi32(static_cast<int>(dd)));
     const __m512i sel = _mm512_set_epi64(0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0, 0, 0);
     const __m512i m = _mm512_set1_epi16(0x1E);
     w[0] = _mm512_permutexvar_epi16(_mm512_ternarylogic_epi64(_mm512_slli_epi16(x, 1), m, sel, 0xEA), tab);  // 2·lo | block
