@@ -151,9 +151,18 @@ void make_tasks(const std::vector<int32_t>& order, const std::vector<int32_t>& c
   if (total_rows == 0) return;
   const int64_t target = std::max<int64_t>(1, total_rows / (6LL * nthreads));
   const int tile = static_cast<int>(std::clamp<int64_t>(round_up(target, 16), 16, 1024));
+  // The last ~2 tiles per thread shrink (guided, to 1/(2·threads) of the rows left, at least 64), so
+  // that the threads finish the phase together rather than one waiting on another's last long tile.
+  int64_t left = total_rows;
   for (int32_t e : order) {
     if (count[static_cast<size_t>(e)] == 0) continue;
-    for (int r = 0; r < rows; r += tile) tasks.push_back({e, r, std::min(rows, r + tile)});
+    for (int r = 0; r < rows;) {
+      const int64_t guided = std::clamp<int64_t>(round_up(left / (2LL * nthreads), 16), 64, tile);
+      const int r1 = std::min<int64_t>(rows, r + (nthreads > 1 ? guided : tile));
+      tasks.push_back({e, r, r1});
+      left -= r1 - r;
+      r = r1;
+    }
   }
 }
 
