@@ -175,9 +175,11 @@ constexpr int ring_blocks() {
 struct NoPrep {
   void operator()(int, int) const {}
 };
+// next / next_bytes: weights read in place whose next panel the first pass prefetches into L2, a
+// share per block (amx_i8, short rows).
 template <bool kBf16, class Prep = NoPrep, int kRing = 0>
 void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t lda, const uint32_t* pk, int nsets, int nblk,
-                 Prep prep = {}) {
+                 Prep prep = {}, const uint8_t* next = nullptr, int64_t next_bytes = 0) {
   static_assert(kRing >= 0 && (kRing & (kRing - 1)) == 0);
   constexpr int kChunk = kRing > 0 ? kRing : kPrepBlocks;
   constexpr int kWrap = kRing > 0 ? kRing - 1 : -1;  // the block index mask
@@ -192,6 +194,9 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
     for (int b = 0; b < nblk; ++b) {
       if constexpr (!std::is_same_v<Prep, NoPrep>)
         if (g0 == 0 && b % kChunk == 0) prep(b, b + kChunk < nblk ? b + kChunk : nblk);
+      if (next != nullptr && g0 == 0)
+        for (int64_t off = next_bytes * b / nblk / 64 * 64; off < next_bytes * (b + 1) / nblk; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
       const uint8_t* Ab = A + 64 * (b & kWrap);
       _tile_loadd(4, Ab, lda);
       _tile_loadd(5, Ab + 16 * lda, lda);
@@ -220,6 +225,13 @@ void panel_tiles(const GemmArgs& a, int n0, int nr, const uint8_t* A, int64_t ld
 // Row stride of a copied / decoded panel of nblk 64-byte blocks: one line more than a multiple of
 // 4 KiB would be (the 32 rows on different L1 sets).
 inline int64_t panel_stride(int nblk) { return static_cast<int64_t>(nblk) * 64 + ((nblk * 64) % 4096 == 0 ? 64 : 0); }
+
+// Rows shorter than this (bytes) read in place get the next panel prefetched: the hardware
+// prefetchers follow 32 long rows read 64 bytes at a time, not short ones. INT8, one core, N = 2048,
+// 8 tokens, from DRAM, µs without / with (p10): K = 512 94 / 85, 768 143–149 / 127–131 (medians
+// 233–245 / 129–133), 1024 175 / 174, 1408 209 / 234, 2048 226–299 / 330–441 (bench/RESULTS.md
+// 2026-12-06, session 36).
+constexpr int64_t kPrefetchRowBytes = 1024;
 
 // Weights read in place: the panel at row n0 when it lies inside the matrix (else null: the edge
 // goes through a copy).
@@ -411,7 +423,9 @@ void amx_i8(const GemmArgs& a) {
   for (int n0 = a.row0; n0 < a.row1; n0 += kPanelRows) {
     const int nr = a.row1 - n0 < kPanelRows ? a.row1 - n0 : kPanelRows;
     if (const uint8_t* A = in_place ? in_place_panel(a, n0) : nullptr) {
-      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk);
+      const int next_rows = w.row_bytes < kPrefetchRowBytes ? std::min(kPanelRows, std::max(0, a.row1 - n0 - kPanelRows)) : 0;
+      panel_tiles<false>(a, n0, nr, A, w.row_bytes, pk, 1, nblk, NoPrep{}, next_rows > 0 ? A + kPanelRows * w.row_bytes : nullptr,
+                         static_cast<int64_t>(next_rows) * w.row_bytes);
       continue;
     }
     // Edges: a zero-padded copy (rows past nr repeat the last one).
