@@ -175,6 +175,7 @@ constexpr int ring_blocks() {
 struct NoPrep {
   void operator()(int, int) const {}
 };
+
 // next / next_bytes: weights read in place whose next panel the first pass prefetches into L2, a
 // share per block (amx_i8, short rows).
 template <bool kBf16, class Prep = NoPrep, int kRing = 0>
@@ -268,11 +269,11 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
   // blocks; more passes re-read the whole decoded panel.
   const bool ring = ngroups <= 2;
   const int64_t ldp = panel_stride(ring ? kRing : nblk);
-  // MXFP4 through the ring with whole steps (K % 64 == 0): the panel's exponent deltas, one dword
-  // per row and step (BDecMxfp4::step_deltas' pairs), behind the ring.
+  // MXFP4 through the ring: the panel's exponent deltas (BDecMxfp4::row_deltas, one dword per row
+  // and step) behind the ring.
   constexpr bool kMx4 = std::is_same_v<D, BDecMxfp4>;
-  const bool mx4_fill = kMx4 && ring && K % 64 == 0;
-  const int nsteps = (K / 64 + 15) / 16 * 16;
+  const bool mx4_fill = kMx4 && ring;
+  const int nsteps = kMx4 ? BDecMxfp4::delta_dwords(K) : 0;
   auto* panel = static_cast<uint8_t*>(
       thread_scratch_buffer(3, static_cast<size_t>(kPanelRows * ldp) + (mx4_fill ? 4u * kPanelRows * nsteps : 0u)));
   auto* deltas = reinterpret_cast<uint32_t*>(panel + kPanelRows * ldp);
@@ -332,20 +333,9 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         for (int& i : one) i = n0 + (r < nr ? r : nr - 1);
         const D d = make_dec(one);
         uint8_t* dst = panel + r * ldp;  // the ring holds blocks b0 .. b1 - 1 from its start
-        // MXFP4: the chunk's exponent deltas once per row (BDecMxfp4::step_deltas / load_raised):
-        // one core, K = 2048, N = 1536, from DRAM, µs 8 / 16 / 32 tokens 321–324 → 297–298 /
-        // 328–329 → 310–312 / 404–409 → 380–382 (bench/RESULTS.md 2026-12-06; MXFP6's one delta
-        // per step gained 1–2 % the same way, not taken).
-        constexpr bool kRaised = requires { D::kChunkSteps; };
-        alignas(16) uint32_t dd[kRaised ? kRing * 32 / D::kStep : 1];
-        if constexpr (kRaised) {
-          static_assert(D::kChunkSteps * D::kStep == 32 * kRing);
-          d.step_deltas(0, b0, dd);
-        }
-        for (int k = 32 * b0, j = 0; k < 32 * b1; k += D::kStep, ++j) {
+        for (int k = 32 * b0; k < 32 * b1; k += D::kStep) {
           __m512i wv[D::kStep / 32];
-          if constexpr (kRaised) d.load_raised(0, k, dd + j, wv);
-          else d.load(0, k, wv);
+          d.load(0, k, wv);
           for (int v = 0; v < D::kStep / 32; ++v) _mm512_store_si512(dst + 2 * (k - 32 * b0 + 32 * v), wv[v]);
         }
       }
@@ -364,35 +354,35 @@ void amx_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       }
     };
     // MXFP4's fill without a decoder per row and chunk: the deltas of the panel's rows once (at its
-    // first chunk), then per row a pointer and the chunk's steps (BDecMxfp4::raised_words).
+    // first chunk), then per row a pointer and the chunk's steps (BDecMxfp4::raised_words). One
+    // core, K = 2048, N = 1536, hot, µs per-row-and-chunk decoders → this: 8 / 16 / 32 tokens
+    // 225–236 → 176–190 / 240 → 194–207 / 304 → 233–256 (bench/RESULTS.md 2026-12-06, session 36).
     auto prep_mx4 = [&](int b0, int b1) {
       if constexpr (kMx4) {
-        const int nb = K / 32;
         if (b0 == 0)
-          for (int r = 0; r < kPanelRows; ++r) {
-            const uint8_t* sc = w.scales + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * nb;
-            for (int j = 0; j < nb; j += 32) {  // 32 blocks → 16 step dwords; past the row: unused
-              const __m256i s8 = _mm256_maskz_loadu_epi8(nb - j >= 32 ? ~0u : (1u << (nb - j)) - 1u, sc + j);
-              const __m512i d = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(s8), _mm512_set1_epi16(127)), 7);
-              _mm512_storeu_si512(deltas + r * nsteps + j / 2, d);
-            }
-          }
+          for (int r = 0; r < kPanelRows; ++r)
+            BDecMxfp4::row_deltas(w.scales + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * (K / 32), K / 32, deltas + r * nsteps);
         const int64_t s0 = next_bytes * b0 / nblk / 64 * 64, s1 = next_bytes * b1 / nblk;
         const int64_t per_row = ((s1 - s0) / 64 + kPanelRows - 1) / kPanelRows * 64;
-        const __m512i ibase = proto.ibase;
-        const __mmask32 inz = proto.inz;
+        const int full = (std::min(32 * b1, K / 64 * 64) - 32 * b0) / 64;  // whole steps of the chunk
         for (int r = 0; r < kPanelRows; ++r) {
           for (int64_t off = s0 + r * per_row; off < s1 && off < s0 + (r + 1) * per_row; off += 64)
             _mm_prefetch(reinterpret_cast<const char*>(next_codes + off), _MM_HINT_T1);
-          const uint8_t* src = w.data + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * w.row_bytes + 16 * b0;
-          const uint32_t* dd = deltas + r * nsteps + b0 / 2;
-          uint8_t* dst = panel + r * ldp;
-          for (int j = 0; j < (b1 - b0) / 2; ++j) {
+          const uint8_t* row = w.data + static_cast<int64_t>(n0 + (r < nr ? r : nr - 1)) * w.row_bytes;
+          const uint32_t* dd = deltas + r * nsteps;
+          uint8_t* dst = panel + r * ldp;  // the ring holds blocks b0 .. b1 - 1 from its start
+          const __m512i ibase = proto.ibase;  // (in registers: the stores below may alias proto)
+          const __mmask32 inz = proto.inz;
+          auto step = [&](int j, __m512i x) __attribute__((always_inline)) {  // elements 32 · b0 + 64 · j …
             __m512i wv[2];
-            D::raised_words(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j))), dd[j], ibase, inz, wv);
+            D::raised_words(x, dd[b0 / 2 + j], ibase, inz, wv);
             _mm512_store_si512(dst + 128 * j, wv[0]);
             _mm512_store_si512(dst + 128 * j + 64, wv[1]);
-          }
+          };
+          const uint8_t* src = row + 16 * b0;
+          int j = 0;
+          for (; j < full; ++j) step(j, _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j))));
+          if (j < (b1 - b0) / 2) step(j, fp4_step_bytes(row, 32 * b0 + 64 * j, K));  // K % 64 == 32: the last, half step
         }
       }
     };

@@ -75,31 +75,32 @@ inline __m512i fp4_step_bytes(const uint8_t* row, int k, int K) {
 // activation row instead of raising the table per step and row; the decoded-row buffer takes the
 // raised codes (load).
 //
-// The amx ring decode (gemm_amx.cc) raises a pair-interleaved table instead (load_raised): entry
-// 2c holds code c for block g, 2c + 1 for block g + 1, so one step's two exponent deltas are one
-// dword broadcast from memory (step_deltas, once per row and ring chunk) where load builds them
-// from two scalar broadcasts and a blend per step.
+// The amx ring's panel fill (gemm_amx.cc) raises a pair-interleaved table instead (raised_words):
+// entry 2c holds code c for block g, 2c + 1 for block g + 1, so one step's two exponent deltas are
+// one dword broadcast from memory (row_deltas, once per row and panel) where load builds them from
+// two scalar broadcasts and a blend per step.
 struct BDecMxfp4 {
   RowSet<kNR> rs;
   int K;
   __m512i base;      // codes 0..15 twice
   __mmask32 nonzero; // entries that are not ±0
   const float* e8;   // e8m0_table()
-  __m512i ibase;     // codes 0..15, each twice in a row (load_raised)
+  __m512i ibase;     // codes 0..15, each twice in a row (raised_words)
   __mmask32 inz;     // its entries that are not ±0
   static constexpr int kStep = 64, kBytes = 32;
-  static constexpr int kChunkSteps = 4;  // step_deltas: 8 blocks
-  // dd[j] (j < 4): the deltas (s − 127) << 7 of blocks b0 + 2j (low word) and b0 + 2j + 1 (high);
-  // blocks past the row read as s = 127 (delta 0).
-  void step_deltas(int i, int b0, uint32_t* dd) const {
-    const int left = (K >> 5) - b0;
-    const __m128i s = _mm_cvtepu8_epi16(_mm_mask_loadu_epi8(_mm_set1_epi8(127), mask16(left < 8 ? left : 8), rs.scales[i] + b0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dd), _mm_slli_epi16(_mm_sub_epi16(s, _mm_set1_epi16(127)), 7));
+  // Dwords of row_deltas per row: the row's steps, rounded up to whole stores of 16.
+  static constexpr int delta_dwords(int K) { return (K / 32 + 31) / 32 * 16; }
+  // dd[j]: the deltas (s − 127) << 7 of blocks 2j (low word) and 2j + 1 (high) of a row's nb block
+  // scales sc; dwords past the row hold arbitrary deltas (the codes there read as +0, which no
+  // delta raises).
+  static void row_deltas(const uint8_t* sc, int nb, uint32_t* dd) {
+    for (int j = 0; j < nb; j += 32) {
+      const __m256i s8 = _mm256_maskz_loadu_epi8(nb - j >= 32 ? ~0u : (1u << (nb - j)) - 1u, sc + j);
+      _mm512_storeu_si512(dd + j / 2, _mm512_slli_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(s8), _mm512_set1_epi16(127)), 7));
+    }
   }
-  // load(i, k, w) with the step's deltas dd = step_deltas' word pair for k.
-  void load_raised(int i, int k, const uint32_t* dd, __m512i* w) const { raised_words(fp4_step_bytes(rs.row[i], k, K), *dd, ibase, inz, w); }
   // A step's two vectors from its code bytes x (fp4_step_bytes) and its deltas' word pair dd, through
-  // the pair-interleaved table ibase (nonzero entries inz); also the amx ring's panel fill.
+  // the pair-interleaved table ibase (nonzero entries inz).
   static void raised_words(__m512i x, uint32_t dd, __m512i ibase, __mmask32 inz, __m512i* w) {
     const __m512i tab = raise_exponents(ibase, inz, _mm512_set1_epi32(static_cast<int>(dd)));
     const __m512i sel = _mm512_set_epi64(0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0, 0, 0);
