@@ -389,9 +389,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 // amx: K past one ring chunk (gemm_amx.cc ring_blocks: 8 blocks of 32
                                 // for MXFP4, 16 otherwise), so the ring wraps and its last chunk is partial
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 608},
-                                // MXFP4 with whole 64-element steps (K % 64 == 0) takes the panel
-                                // fill (prep_mx4): a wrapping ring with a partial last chunk, and
-                                // 20 / 66 block scales per row (the deltas' masked tail)
+                                // MXFP4's panel fill (prep_mx4; 608 above: its half last step):
+                                // a wrapping ring with a partial last chunk, and 20 / 66 block
+                                // scales per row (row_deltas' masked tail)
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::None, 640},
                                 {DotKind::Bf16, WeightFormat::Mxfp4, ActQuant::Mxfp4, 2112},
                                 {DotKind::Bf16, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 1064},
