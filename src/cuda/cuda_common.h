@@ -134,6 +134,9 @@ struct GemmArgs {
   // bytes × the tile's rows per box, 128B-swizzled) of the hi and, Bf16Split, lo rows. a_hi / a_lo /
   // a_rowscale keep their meaning (the row scales are read per slot as before).
   bool a_tma = false;
+  // The wgmma kernels run a tile's MMAs only as wide as its tokens need (wg_fit_n: the token count
+  // rounded up to 32); off (QMOE_CUDA_FITN=0), every MMA is the tile's full width.
+  bool fit_n = true;
   CUtensorMap tma_hi{}, tma_lo{};
 };
 

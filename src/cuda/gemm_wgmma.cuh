@@ -50,6 +50,7 @@ namespace qmoe::cuda {
   C(d[o]), C(d[o + 1]), C(d[o + 2]), C(d[o + 3]), C(d[o + 4]), C(d[o + 5]), C(d[o + 6]), C(d[o + 7])
 #define QMOE_WG_ACC16(C, o) QMOE_WG_ACC8(C, o), QMOE_WG_ACC8(C, o + 8)
 #define QMOE_WG_ACC32(C, o) QMOE_WG_ACC16(C, o), QMOE_WG_ACC16(C, o + 16)
+#define QMOE_WG_ACC48(C, o) QMOE_WG_ACC32(C, o), QMOE_WG_ACC16(C, o + 32)
 #define QMOE_WG_ACC64(C, o) QMOE_WG_ACC32(C, o), QMOE_WG_ACC32(C, o + 32)
 
 #define QMOE_WG_DREGS16 \
@@ -57,6 +58,10 @@ namespace qmoe::cuda {
 #define QMOE_WG_DREGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define QMOE_WG_DREGS48 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define QMOE_WG_DREGS64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
@@ -100,13 +105,20 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
                : "l"(adesc), "l"(bdesc), "n"(1))
 
 // D[64 × N] += A[64 × k] (registers) · B[k × N] (shared memory, descriptor), k = 16 (bf16 / f16,
-// fp32 accumulate), N = 32, 64 or 128 tokens.
+// fp32 accumulate), N = 32, 64, 96 or 128 tokens (96: a 128-token tile's MMA narrowed to its
+// tokens, wg_fit_n).
 template <WFmt WF, int N>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc) {
-  static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
+  static_assert(N == 32 || N == 64 || N == 96 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
   constexpr bool kF16 = AFrag<WF>::kF16;
-  if constexpr (N == 32 && kF16)
+  if constexpr (N == 96 && kF16)
+    QMOE_WG_RS("m64n96k16.f32.f16.f16", QMOE_WG_DREGS48, QMOE_WG_ACC48("+f", 0),
+               "{%48, %49, %50, %51}, %52", "%53");
+  else if constexpr (N == 96)
+    QMOE_WG_RS("m64n96k16.f32.bf16.bf16", QMOE_WG_DREGS48, QMOE_WG_ACC48("+f", 0),
+               "{%48, %49, %50, %51}, %52", "%53");
+  else if constexpr (N == 32 && kF16)
     QMOE_WG_RS("m64n32k16.f32.f16.f16", QMOE_WG_DREGS16, QMOE_WG_ACC16("+f", 0),
                "{%16, %17, %18, %19}, %20", "%21");
   else if constexpr (N == 32)
@@ -133,10 +145,16 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t (&a)[4], uint6
 // (k32, int32 accumulate).
 template <WFmt WF, int N, class Acc>
 __device__ __forceinline__ void wgmma_ss(Acc* d, uint64_t adesc, uint64_t bdesc) {
-  static_assert(N == 32 || N == 64 || N == 128, "token tiles of the wgmma kernel");
+  static_assert(N == 32 || N == 64 || N == 96 || N == 128, "token tiles of the wgmma kernel");
 #if QMOE_WGMMA_DEVICE
   constexpr bool kI8 = WF == WFmt::INT8;
-  if constexpr (N == 32 && kI8)
+  if constexpr (N == 96 && kI8)
+    QMOE_WG_SS("m64n96k32.s32.s8.s8", QMOE_WG_DREGS48, QMOE_WG_ACC48("+r", 0),
+               "%48, %49", "%50", "");
+  else if constexpr (N == 96)
+    QMOE_WG_SS("m64n96k16.f32.bf16.bf16", QMOE_WG_DREGS48, QMOE_WG_ACC48("+f", 0),
+               "%48, %49", "%50", ", 1, 1, 0, 0");
+  else if constexpr (N == 32 && kI8)
     QMOE_WG_SS("m64n32k32.s32.s8.s8", QMOE_WG_DREGS16, QMOE_WG_ACC16("+r", 0),
                "%16, %17", "%18", "");
   else if constexpr (N == 32)
@@ -202,6 +220,29 @@ struct WgCfg {
   static_assert(AFrag<WF>::kSteps % kDepth == 0, "A-register rotation");
 };
 constexpr int kStrip = 8;  // token tiles per rasterisation strip
+
+// ---- MMAs as wide as the tile's tokens ---------------------------------------------------------
+// A tile of cnt < BT tokens needs only the first columns of its MMAs (wgmma N = tokens): wg_fit_n
+// is the width they run at — cnt rounded up to 32, BT where GemmArgs::fit_n is off — and
+// wg_narrow calls f(std::integral_constant<int, N>) with that width as a compile-time constant. The
+// D layout of m64nN repeats per 8 columns, so a narrower MMA's accumulators are the first N / 2
+// registers of the wide one's; the columns past N keep their zeros, and no token of the tile reads
+// them (store_partials stops at cnt). The tensor pipe's time per MMA is proportional to N.
+template <int BT>
+__device__ __forceinline__ int wg_fit_n(const GemmArgs& a, int cnt) {
+  return a.fit_n ? min(BT, (cnt + 31) & ~31) : BT;
+}
+template <int BT, class F>
+__device__ __forceinline__ void wg_narrow(int nw, const F& f) {
+  if constexpr (BT >= 64) {
+    if (nw <= 32) return f(std::integral_constant<int, 32>{});
+  }
+  if constexpr (BT >= 128) {
+    if (nw <= 64) return f(std::integral_constant<int, 64>{});
+    if (nw <= 96) return f(std::integral_constant<int, 96>{});
+  }
+  f(std::integral_constant<int, BT>{});
+}
 
 // ---- pieces of gemm_wg_kernel and gemm_ws_kernel ------------------------------------------------
 // Strip rasterisation of (token tile x, weight-tile group y) over the linear CTA index.
@@ -276,9 +317,10 @@ template <int BT>
 __device__ __forceinline__ uint64_t wg_act_desc(uint32_t abase, int kk) {
   return wg_desc_sw128(abase + (kk >> 2) * (BT * 128) + (kk & 3) * 32);
 }
-// Shared-memory A (BF16, INT8): one group; weight rows 64·mt.. of the swizzled tile.
+// Shared-memory A (BF16, INT8): one group; weight rows 64·mt.. of the swizzled tile; MMAs nw wide
+// (wg_fit_n).
 template <WFmt WF, bool SPLIT, int BT, class Acc>
-__device__ __forceinline__ void wg_mma_stage_ss(Acc (&acc)[2][BT / 8][4], uint32_t abase, int cw) {
+__device__ __forceinline__ void wg_mma_stage_ss(Acc (&acc)[2][BT / 8][4], uint32_t abase, int cw, int nw) {
   using C = WgCfg<WF, SPLIT, BT>;
   const uint32_t wbase = abase + C::kAStage + cw * C::kW1;
   wg_fence();
@@ -287,18 +329,20 @@ __device__ __forceinline__ void wg_mma_stage_ss(Acc (&acc)[2][BT / 8][4], uint32
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       const uint64_t ad = wg_desc_sw128(wbase + mt * 64 * 128 + kk * 32);
-      wgmma_ss<WF, BT>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk));
-      if constexpr (SPLIT) wgmma_ss<WF, BT>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk) + (C::kATile >> 4));
+      wg_narrow<BT>(nw, [&](auto n) {
+        wgmma_ss<WF, decltype(n)::value>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk));
+        if constexpr (SPLIT) wgmma_ss<WF, decltype(n)::value>(&acc[mt][0][0], ad, wg_act_desc<BT>(abase, kk) + (C::kATile >> 4));
+      });
     }
   }
   wg_commit();
 }
 // Register A (the decode formats): the stage's fragment words loaded once, then per k step the
 // decoded fragments into the registers of the step kDepth before (after that step's group is
-// done) and one group; kSteps groups per stage.
+// done) and one group; kSteps groups per stage; MMAs nw wide (wg_fit_n).
 template <WFmt WF, bool SPLIT, int BT, class Acc>
 __device__ __forceinline__ void wg_mma_stage_rs(Acc (&acc)[2][BT / 8][4], uint32_t (&af)[WgCfg<WF, SPLIT, BT>::kDepth][2][4],
-                                                const uint8_t* st, int cw, int warp, int lane) {
+                                                const uint8_t* st, int cw, int warp, int lane, int nw) {
   using C = WgCfg<WF, SPLIT, BT>;
   using F = AFrag<WF>;
   const uint32_t abase = smem_u32(st);
@@ -311,13 +355,15 @@ __device__ __forceinline__ void wg_mma_stage_rs(Acc (&acc)[2][BT / 8][4], uint32
     src.get(kk, f);
     wg_fence();
     const uint64_t desc = wg_act_desc<BT>(abase, kk);
-    wgmma_rs<WF, BT>(&acc[0][0][0], f[0], desc);
-    wgmma_rs<WF, BT>(&acc[1][0][0], f[1], desc);
-    if constexpr (SPLIT) {
-      const uint64_t dlo = desc + (C::kATile >> 4);
-      wgmma_rs<WF, BT>(&acc[0][0][0], f[0], dlo);
-      wgmma_rs<WF, BT>(&acc[1][0][0], f[1], dlo);
-    }
+    wg_narrow<BT>(nw, [&](auto n) {
+      wgmma_rs<WF, decltype(n)::value>(&acc[0][0][0], f[0], desc);
+      wgmma_rs<WF, decltype(n)::value>(&acc[1][0][0], f[1], desc);
+      if constexpr (SPLIT) {
+        const uint64_t dlo = desc + (C::kATile >> 4);
+        wgmma_rs<WF, decltype(n)::value>(&acc[0][0][0], f[0], dlo);
+        wgmma_rs<WF, decltype(n)::value>(&acc[1][0][0], f[1], dlo);
+      }
+    });
     wg_commit();
   }
 }
@@ -343,6 +389,7 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   int e, cnt;
   wg_tile_tokens<BT, kThreads>(a, tile, tid, e, cnt, s_slot, s_arow);
+  const int nw = wg_fit_n<BT>(a, cnt);
   const int wtile = ty * C::kWG + wg;  // this warpgroup's 128-row weight tile
   const bool wg_on = wtile < a.Npad / kBW;
   const int n0 = wtile * kBW;
@@ -406,8 +453,8 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
     }
     if (wg_on) {
       const uint8_t* st = smem + (it % S) * C::kStageBytes;
-      if constexpr (C::kSS) wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), wg);
-      else wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, wg, warp, lane);
+      if constexpr (C::kSS) wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), wg, nw);
+      else wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, wg, warp, lane, nw);
     }
   }
   wg_wait<0>();
@@ -496,7 +543,9 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float* d, const uint32_t (&a)[4], 
 // step: the words of k16 steps 2s and 2s + 1; low / high halves are rows r0 / r0 + 8) become the
 // e4m3 A registers by two byte permutes per register pair; the 4 k32 wgmmas against the stage's
 // activation tile at abase go into the stage sum `part` (the first with scale-d = 0), which is
-// waited for and added into the fp32 accumulator `acc` (the promotion).
+// waited for and added into the fp32 accumulator `acc` (the promotion). Always BT wide: narrowed
+// (wg_fit_n) per wgmma or per stage, ptxas serialised the wgmmas of these kernels for want of
+// registers (C7511) and spilled the two-tile form.
 template <int BT>
 __device__ __forceinline__ void f8_mma_stage(float (&acc)[BT / 8][4], float (&part)[BT / 2], const uint8_t* wf,
                                              uint32_t abase) {
@@ -825,6 +874,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
     const int cw = wgi - 1;
     const int wtile = ty * C::kWG + cw;
     const bool wg_on = wtile < a.Npad / kBW;
+    const int nw = wg_fit_n<BT>(a, cnt);
     const int n0 = wtile * kBW;
     using Acc = typename std::conditional<C::kInt8, int, float>::type;
     Acc acc[2][NT][4];
@@ -850,10 +900,10 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
       fence_proxy_async();  // the cp.async writes, made visible by the barrier, before wgmma's reads
       const uint8_t* st = smem + s * C::kStageBytes;
       if constexpr (C::kSS) {
-        wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), cw);
+        wg_mma_stage_ss<WF, SPLIT, BT>(acc, smem_u32(st), cw, nw);
       } else {
         wg_wait<C::kInFlight>();  // the group that last read af[0] is done
-        wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, cw, warp, lane);
+        wg_mma_stage_rs<WF, SPLIT, BT>(acc, af, st, cw, warp, lane, nw);
         // At most kInFlight + 1 groups are left, all of this stage: the previous one is free.
         if (it > 0) release(prev);
       }

@@ -664,6 +664,35 @@ TEST(CudaExperts, WgmmaTilesEveryScheme) {
   }
 }
 
+// The wgmma kernels narrow a tile's MMAs to its tokens rounded up to 32 (wg_fit_n): experts of
+// 20 … 128 tokens put 64- and 128-token tiles in every width (32, 64, 96, 128), each width's rows
+// more than the T / 16 rows that quantized activations may flip, on both wgmma kernels (tma 0:
+// gemm_wg_kernel; the default: gemm_ws_kernel where its TMA is built).
+TEST(CudaExperts, MmaWidthFollowsTileTokens) {
+  SKIP_WITHOUT_GPU();
+  const int counts[] = {20, 31, 33, 64, 65, 96, 97, 128};
+  Problem pb;
+  pb.K = 1;
+  pb.E = 8;
+  pb.H = 576;
+  pb.I = 320;
+  pb.T = 0;
+  for (int e = 0; e < pb.E; ++e) {
+    for (int i = 0; i < counts[e]; ++i) pb.forced_ids.push_back(e);
+    pb.T += counts[e];
+  }
+  std::shuffle(pb.forced_ids.begin(), pb.forced_ids.end(), std::mt19937(5));
+  for (const auto& s : all_schemes())
+    for (int bt : {64, 128})
+      for (int tma : {0, 1}) {
+        CudaOptions o;
+        o.token_tile = bt;
+        o.tma = tma;
+        expect_exact(s, run_problem(s, pb, o), pb.T,
+                     std::string(s.name) + " tile " + std::to_string(bt) + " tma " + std::to_string(tma));
+      }
+}
+
 // ---- errors -------------------------------------------------------------------------------------
 TEST(CudaExperts, RejectsBadInput) {
   SKIP_WITHOUT_GPU();
