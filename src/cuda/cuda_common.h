@@ -219,8 +219,10 @@ void launch_absmax_input(const void* x, XType xt, int T, int H, const float* top
 // GEMM1 input: x [T, H] (× topk_w[t·K] when on_input) quantized per token row into `out`.
 // bad[t] ← 1 when token t's row (after the routing weight, when applied on the input) holds a
 // non-finite value; its quantized row is zeros and combine writes its output row as NaN.
+// after_align: launched right after launch_align (no kernel between them): the rows are quantized
+// beside align and the grid waits for it only at its end (quant_input_row).
 void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk_w, int K, bool on_input,
-                        const RowQuant& q, const RowOut& out, int32_t* bad, cudaStream_t s);
+                        const RowQuant& q, const RowOut& out, int32_t* bad, bool after_align, cudaStream_t s);
 // launch_align and launch_quant_input as one launch (T + 1 blocks): one kernel boundary fewer on
 // a decode step's critical path. The GEMM after it must read the tile lists after its pdl_wait
 // (GemmArgs::tiles_after_wait). Used for T < kFusedPrepMaxRows without a tensor-wide scale pass

@@ -836,7 +836,9 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   if (fuse_prep)
     launch_prep(al, d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(),
                 m.smem_optin, s);
-  else launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(), s);
+  else  // (with a tensor-wide scale, absmax_input runs between align and this launch)
+    launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(),
+                       !dyn_tensor, s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
