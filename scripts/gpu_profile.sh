@@ -19,15 +19,17 @@ NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=$(ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -x "$NCU" ] || NCU=$(find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
 [ -x "$NCU" ] || { echo "gpu_profile: ncu not found"; exit 1; }
-KERNELS='regex:gemm|align_kernel|prep_kernel|quant_input|act_kernel|quant_rows|combine_kernel|absmax'
+# (act_vec_kernel and gather_rows_kernel were missing from the pattern until 2026-12-06: the
+# prefill profiles of that day list no activation or gather kernel.)
+KERNELS='regex:gemm|align_kernel|prep_kernel|quant_input|act_kernel|act_vec_kernel|gather_rows|quant_rows|combine_kernel|absmax|route'
 
 for point in "$@"; do
   IFS=: read -r shape scheme T <<<"$point"
   name=$(echo "${shape}_${scheme}_${T}" | tr -c 'A-Za-z0-9_.\n-' '_')
   csv=$OUTDIR/$name.csv
   # One layer call: the bench's first (warm-up) call is enough for per-kernel metrics; -c bounds
-  # the kernels profiled (6 per call, 8 with the tensor-wide fp8 passes).
-  "$NCU" --clock-control none -k "$KERNELS" -c 8 --csv --page raw \
+  # the kernels profiled (4–7 per call, 9 with the tensor-wide fp8 passes, one more with routing).
+  "$NCU" --clock-control none -k "$KERNELS" -c 10 --csv --page raw \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
     --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
     "$BUILD/qmoe" bench --device cuda --shapes "$shape" --schemes "$scheme" --tokens "$T" --reps 1 --copies 1 \
