@@ -19,8 +19,6 @@ NCU=${NCU:-ncu}
 command -v "$NCU" >/dev/null || NCU=$(ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -x "$NCU" ] || NCU=$(find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
 [ -x "$NCU" ] || { echo "gpu_profile: ncu not found"; exit 1; }
-# (act_vec_kernel and gather_rows_kernel were missing from the pattern until 2026-12-06: the
-# prefill profiles of that day list no activation or gather kernel.)
 KERNELS='regex:gemm|align_kernel|prep_kernel|quant_input|act_kernel|act_vec_kernel|gather_rows|quant_rows|combine_kernel|absmax|route'
 
 for point in "$@"; do

@@ -135,10 +135,11 @@ struct GemmArgs {
   // a_rowscale keep their meaning (the row scales are read per slot as before).
   bool a_tma = false;
   // The wgmma kernels run a tile's MMAs only as wide as its tokens need (wg_fit_n: the token count
-  // rounded up to 32); off (QMOE_CUDA_FITN=0), every MMA is the tile's full width.
+  // rounded up to 32); off (fit_n_enabled: QMOE_CUDA_FITN=0), every MMA is the tile's full width.
   bool fit_n = true;
   CUtensorMap tma_hi{}, tma_lo{};
 };
+bool fit_n_enabled();
 
 // A tensor map of `rows` rows of `row_bytes` bytes (a multiple of 16) at `base` (16-byte aligned):
 // boxes of 128 bytes × box_rows rows, 128B-swizzled in shared memory as wgmma reads them, rows past

@@ -469,15 +469,6 @@ static int resolve_fp8_kernel(int k) {
   throw Error(std::string("QMOE_CUDA_F8='") + v + "': expected wg, ws1 or ws2");
 }
 
-// GemmArgs::fit_n: on unless the environment sets QMOE_CUDA_FITN=0 (read once).
-static bool fit_n_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("QMOE_CUDA_FITN");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
-
 static int resolve_tma(int t) {
   if (t < -1 || t > 4) throw Error("CUDA experts: tma must be -1 … 4, got " + std::to_string(t));
   if (t >= 0) return t;

@@ -294,6 +294,11 @@ bool fused_prep_enabled() {
   return on;
 }
 
+bool fit_n_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_FITN");
+  return on;
+}
+
 void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
                  bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, int smem_optin, cudaStream_t s) {
   switch (xt) {
