@@ -70,13 +70,6 @@ struct CudaOptions {
   // rule before 2026-12-06); -1 = env QMOE_CUDA_TMA (0 | 1 | all | 128 | all128), else 1. For tests
   // and measurements.
   int tma = -1;
-  // GEMM1's epilogue applies the activation and writes the quantized intermediate where it can (no
-  // K split, a gate / up layout of whole 128-row tiles, a quantization local to an element or an
-  // MX / NVFP4 block, the wgmma kernels at 64- / 128-token tiles): no fp32 partials and no
-  // activation kernel. Bit-identical either way. Off by default: measured slower (the epilogue's
-  // arithmetic runs while the SM's one CTA holds the tensor cores idle; bench/RESULTS.md
-  // 2026-12-06, session 38). true, or QMOE_CUDA_ACT_EPI=1 in the environment, turns it on.
-  bool act_epilogue = false;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   // Tiles of 32 tokens and up on Hopper's warpgroup MMA where the tile table picks it (sm_90a
@@ -129,10 +122,6 @@ class CudaExperts {
   // Host convenience: copies the ExpertsArgs inputs to the device, runs, adds into a.out, syncs.
   // a.params is ignored (this object's parameters are used).
   void run_host(const ExpertsArgs& a) const;
-
-  // Whether a call of T tokens, top-K, with hidden states of x_dtype applies the activation in
-  // GEMM1's epilogue (CudaOptions::act_epilogue) rather than in a kernel of its own.
-  bool fuses_activation(int T, int K, DType x_dtype = DType::F32) const;
 
   int hidden() const;
   int inter() const;

@@ -99,37 +99,6 @@ inline bool fp8_fragment_layout(WFmt f) { return f == WFmt::FP8; }
 // plane-2 block (4 KB), see frag_layout.h.
 inline bool fp6_fragment_layout(WFmt f) { return f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2; }
 
-// Row quantization rule (the activation quantizer of the scheme, spec §9.1, §10).
-struct RowQuant {
-  ActQuant mode = ActQuant::None;
-  MxScaleMode mx_mode = MxScaleMode::Even;
-  bool split = false;                    // None: also write the bf16 low part
-  bool f16 = false;                      // FP8 modes: write fp16 (for FP8-weight GEMMs) instead of bf16
-  bool e4m3 = false;                     // FP8 modes: write e4m3 codes at e4m3_act_pos (AFmt::E4m3)
-  float static_scale = 0.0f;             // fp8/int8 static: dequant-direction s; nvfp4: gs
-  const unsigned* tensor_amax = nullptr;  // Fp8DynTensor: float bits of max |v| over the tensor
-};
-// Outputs of a row quantizer: row r at a_hi + r·stride (bf16 or int8 elements), a_lo likewise,
-// rowscale[r] (dynamic modes).
-struct RowOut {
-  void* a_hi = nullptr;
-  void* a_lo = nullptr;
-  float* rowscale = nullptr;
-  int64_t stride = 0;  // elements per row (Kpad)
-  // When set, the values of row r go to row row_map[r] (the tile order of GemmArgs::a_tma:
-  // AlignArgs::slot_pos); rowscale[r] stays at r.
-  const int32_t* row_map = nullptr;
-  QMOE_HD int64_t value_row(int64_t r) const { return row_map ? row_map[r] : r; }
-};
-
-struct ActParams {
-  Activation kind = Activation::Silu;
-  bool interleaved = false;
-  float alpha = 1.702f;
-  float limit = 0.0f;
-  bool has_limit = false;
-};
-
 // One grouped GEMM over the routed slots: for every tile (local expert e, rows m0.. of its slot
 // list) and 128 weight rows n0.., out[split][slot][n] = escale[e] · colscale[e][n] · rowscale[arow]
 //   · Σ_{k in split} A[arow][k] · W[e][n][k],   arow = slot / a_row_div.
@@ -169,23 +138,8 @@ struct GemmArgs {
   // rounded up to 32); off (fit_n_enabled: QMOE_CUDA_FITN=0), every MMA is the tile's full width.
   bool fit_n = true;
   CUtensorMap tma_hi{}, tma_lo{};
-  // GEMM1's activation epilogue (act_epilogue_built, experts.cc): the CTA's two weight tiles are the
-  // gate rows 128·y.. (tile y) and the up rows I + 128·y.. (tile y + pair_up) of the same 128
-  // features, with one K split; instead of the partials, the epilogue writes
-  // q(act(gate + b13, up + b13)) for those features into act_out, as launch_act would from the
-  // partials (the same operations in the same order: bit-identical).
-  bool act_fused = false;
-  int pair_up = 0;          // I / 128: the up half's first weight tile
-  int act_I = 0;            // I
-  const float* b13 = nullptr;  // [E_loc][2I] or null
-  ActParams act;
-  RowQuant act_q;
-  RowOut act_out;
 };
 bool fit_n_enabled();
-// QMOE_CUDA_ACT_EPI=1 in the environment turns GEMM1's activation epilogue on process-wide
-// (CudaOptions::act_epilogue; for measurement).
-bool act_epilogue_env();
 
 // A tensor map of `rows` rows of `row_bytes` bytes (a multiple of 16) at `base` (16-byte aligned):
 // boxes of 128 bytes × box_rows rows, 128B-swizzled in shared memory as wgmma reads them, rows past
@@ -199,10 +153,6 @@ void launch_gather_rows(const void* src_hi, const void* src_lo, int64_t row_byte
 // activation operand and token tile (64 or 128).
 bool ws_tma_built(WFmt wf, AFmt af, int bt);
 
-// Whether GEMM1 of this format, activation operand and token tile can take the activation
-// epilogue (GemmArgs::act_fused) on the wgmma kernels.
-bool act_epilogue_built(WFmt wf, AFmt af, int bt);
-
 // bt: token tile (8, 16, 32, 64, 128); wg: tiles of 32 and up may run on the wgmma kernel (gemm_wgmma.cuh);
 // the caller passes CudaOptions::wgmma && wgmma_available().
 void launch_gemm(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
@@ -212,6 +162,37 @@ void launch_gemm_int8(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cu
 void launch_gemm_mxfp4(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
 void launch_gemm_mxfp6(WFmt wf, AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
 void launch_gemm_nvfp4(AFmt af, int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s);
+
+// Row quantization rule (the activation quantizer of the scheme, spec §9.1, §10).
+struct RowQuant {
+  ActQuant mode = ActQuant::None;
+  MxScaleMode mx_mode = MxScaleMode::Even;
+  bool split = false;                    // None: also write the bf16 low part
+  bool f16 = false;                      // FP8 modes: write fp16 (for FP8-weight GEMMs) instead of bf16
+  bool e4m3 = false;                     // FP8 modes: write e4m3 codes at e4m3_act_pos (AFmt::E4m3)
+  float static_scale = 0.0f;             // fp8/int8 static: dequant-direction s; nvfp4: gs
+  const unsigned* tensor_amax = nullptr;  // Fp8DynTensor: float bits of max |v| over the tensor
+};
+// Outputs of a row quantizer: row r at a_hi + r·stride (bf16 or int8 elements), a_lo likewise,
+// rowscale[r] (dynamic modes).
+struct RowOut {
+  void* a_hi = nullptr;
+  void* a_lo = nullptr;
+  float* rowscale = nullptr;
+  int64_t stride = 0;  // elements per row (Kpad)
+  // When set, the values of row r go to row row_map[r] (the tile order of GemmArgs::a_tma:
+  // AlignArgs::slot_pos); rowscale[r] stays at r.
+  const int32_t* row_map = nullptr;
+  QMOE_HD int64_t value_row(int64_t r) const { return row_map ? row_map[r] : r; }
+};
+
+struct ActParams {
+  Activation kind = Activation::Silu;
+  bool interleaved = false;
+  float alpha = 1.702f;
+  float limit = 0.0f;
+  bool has_limit = false;
+};
 
 // Align: slot lists per local expert and the tile list for token tile `bt`.
 struct AlignArgs {

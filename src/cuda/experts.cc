@@ -148,25 +148,6 @@ struct CudaExperts::Impl {
   };
   Plan plan(int T, int K) const;
   int choose_split(int64_t ctas, int Kt, int TK) const;
-  // GEMM1's operand format for an input of type xt (a bf16 input is its own hi part: one MMA) and
-  // whether the e4m3 kernels take the call.
-  bool e4m3_call(const Plan& pl) const { return fp8_mma && (pl.bt == 64 || pl.bt == 128); }
-  AFmt gemm1_afmt(const Plan& pl, XType xt) const {
-    return e4m3_call(pl) ? AFmt::E4m3 : (af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : af;
-  }
-  // GEMM1's epilogue applies the activation and quantizes (GemmArgs::act_fused) where the CTA's
-  // two weight tiles can be the gate and up rows of the same 128 features (the halves of w13 in
-  // whole tiles, not interleaved), the sums are whole (one K split) and the intermediate's
-  // quantization is local to an element or, on the register-A formats, an MX / NVFP4 block: the
-  // y1p partials (written and read back in fp32) and the activation kernel go.
-  bool act_in_epilogue(const Plan& pl, AFmt af1) const {
-    const ActQuant q = scheme->act;
-    const bool block = q == ActQuant::Mxfp4 || q == ActQuant::Mxfp6E2M3 || q == ActQuant::Mxfp6E3M2 || q == ActQuant::Nvfp4;
-    const bool local = !e4m3_call(pl) && (q == ActQuant::None || q == ActQuant::Fp8Static || q == ActQuant::Int8Static || block);
-    return (opt.act_epilogue || act_epilogue_env()) && wgmma && pl.ks1 == 1 && local &&
-           !(block && (wf == WFmt::BF16 || wf == WFmt::INT8)) && !act.interleaved && I % kBW == 0 &&
-           act_epilogue_built(wf, af1, pl.bt);
-  }
 };
 
 namespace {
@@ -819,8 +800,9 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
 
   const bool rowscale = is_dyn_rowscale(sc.act);
   // FP8 on the e4m3 tensor cores: the tiles of the e4m3 wgmma kernel (gemm_fp8.cu).
-  const bool e8 = m.e4m3_call(pl);
-  const AFmt af1 = m.gemm1_afmt(pl, xt);
+  const bool e8 = m.fp8_mma && (pl.bt == 64 || pl.bt == 128);
+  // A bf16 input is its own hi part: GEMM1 runs on one MMA (the lo part would be zeros).
+  const AFmt af1 = e8 ? AFmt::E4m3 : (m.af == AFmt::Bf16Split && xt == XType::BF16) ? AFmt::Bf16 : m.af;
   const AFmt af2 = e8 ? AFmt::E4m3 : m.af;
   RowQuant q1;
   q1.mode = sc.act;
@@ -904,6 +886,11 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.tma_hi = make_rows_tmap(shi.get(), TK, rb, pl.bt);
     if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, pl.bt);
   };
+  GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  g1.tiles_after_wait = fuse_prep;
+  if (use_tma(af1) && m.tma_gather1()) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
+  launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
+
   const bool tma2 = use_tma(af2);
   RowOut o2{a2.get(), m.a2_lo.get(), m.a2_scale.as<float>(), m.w2.Kpad};
   if (tma2) {
@@ -911,27 +898,9 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     o2.a_lo = m.a2s_lo.get();
     o2.row_map = m.slot_pos.as<int32_t>();
   }
-  const bool fuse_act = m.act_in_epilogue(pl, af1);
-
-  GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
-  g1.tiles_after_wait = fuse_prep;
-  if (use_tma(af1) && m.tma_gather1()) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
-  if (fuse_act) {
-    g1.act_fused = true;
-    g1.pair_up = m.I / kBW;
-    g1.act_I = m.I;
-    g1.b13 = m.w13.bias.as<float>();
-    g1.act = m.act;
-    g1.act_q = q2;
-    g1.act_out = o2;
-  }
-  launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
-
-  if (!fuse_act) {
-    launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
-               dyn_tensor, m.zbuf.as<float>(), amax + 1, m.num_sms, s);
-    if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
-  }
+  launch_act(m.y1p.as<float>(), pl.ks1, TK, m.I, m.slot_local.as<int32_t>(), m.w13.bias.as<float>(), m.act, q2, o2,
+             dyn_tensor, m.zbuf.as<float>(), amax + 1, m.num_sms, s);
+  if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
   GemmArgs g2 = gemm_args(m.w2, a2, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
   if (tma2) set_tma(g2, m.w2, af2, m.a2s_hi, m.a2s_lo, false);
@@ -971,13 +940,6 @@ void CudaExperts::run_host(const ExpertsArgs& a) const {
   QMOE_CUDA_CHECK(cudaGetLastError());
   QMOE_CUDA_CHECK(cudaDeviceSynchronize());
   QMOE_CUDA_CHECK(cudaMemcpy(a.out, m.h_out.get(), xb, cudaMemcpyDeviceToHost));
-}
-
-bool CudaExperts::fuses_activation(int T, int K, DType x_dtype) const {
-  const Impl& m = *impl_;
-  if (T <= 0 || K <= 0) return false;
-  const Impl::Plan pl = m.plan(T, K);
-  return m.act_in_epilogue(pl, m.gemm1_afmt(pl, x_dtype == DType::BF16 ? XType::BF16 : XType::F32));
 }
 
 int CudaExperts::hidden() const { return impl_->H; }

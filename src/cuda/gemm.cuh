@@ -551,25 +551,10 @@ constexpr bool ws_tma_built_for(int bt) {
   return bt == 128 ? ws_built<WF, SPLIT, 128>() : bt == 64 ? ws_built<WF, SPLIT, 64>() : false;
 }
 
-// GEMM1's activation epilogue (GemmArgs::act_fused) runs in the wgmma kernels with two weight
-// tiles per CTA (the gate / up pair) at 64- and 128-token tiles.
-template <WFmt WF, bool SPLIT, int BT>
-constexpr bool act_epi_built_at() {
-  using C = WgCfg<WF, SPLIT, BT>;
-  return C::kSupported && C::kWG == 2;
-}
-template <WFmt WF, bool SPLIT>
-constexpr bool act_epi_built_for(int bt) {
-  return bt == 128 ? act_epi_built_at<WF, SPLIT, 128>() : bt == 64 ? act_epi_built_at<WF, SPLIT, 64>() : false;
-}
-
 template <WFmt WF, bool SPLIT>
 void launch_gemm_bt(int bt, bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
   if (a.a_tma && !(wg && ws_tma_built_for<WF, SPLIT>(bt)))
     throw Error("CUDA GEMM: TMA activation tiles need the warp-specialised kernel (64- or 128-token tiles)");
-  if (a.act_fused && !(wg && act_epi_built_for<WF, SPLIT>(bt) && a.kt_per_split >= a.Kt && grid.y == 2 * a.pair_up))
-    throw Error("CUDA GEMM: the activation epilogue needs a wgmma kernel with two weight tiles per CTA, one K split "
-                "and the gate / up tile pairs");
   static_assert(WgCfg<WF, SPLIT>::kSupported ==
                     wgmma_supported(WF, SPLIT ? AFmt::Bf16Split : WF == WFmt::INT8 ? AFmt::Int8 : AFmt::Bf16),
                 "wgmma_supported() must match the kernel's configuration");

@@ -1,5 +1,4 @@
-// GEMM instantiations: bf16 weights (unquantized); and which formats have the TMA ws kernel and
-// the activation epilogue.
+// GEMM instantiations: bf16 weights (unquantized); and which formats have the TMA ws kernel.
 #include "cuda/gemm.cuh"
 
 namespace qmoe::cuda {
@@ -29,27 +28,6 @@ bool ws_tma_built(WFmt wf, AFmt af, int bt) {
     case WFmt::NVFP4: return ws_built_at<WFmt::NVFP4>(split, bt);
     case WFmt::MXFP6_E2M3: return ws_built_at<WFmt::MXFP6_E2M3>(split, bt);
     case WFmt::MXFP6_E3M2: return ws_built_at<WFmt::MXFP6_E3M2>(split, bt);
-  }
-  return false;
-}
-
-namespace {
-template <WFmt WF>
-bool act_epi_at(bool split, int bt) {
-  return split ? act_epi_built_for<WF, true>(bt) : act_epi_built_for<WF, false>(bt);
-}
-}  // namespace
-
-bool act_epilogue_built(WFmt wf, AFmt af, int bt) {
-  const bool split = af == AFmt::Bf16Split;
-  switch (wf) {
-    case WFmt::BF16: return act_epi_at<WFmt::BF16>(split, bt);
-    case WFmt::INT8: return af == AFmt::Int8 && act_epi_built_for<WFmt::INT8, false>(bt);
-    case WFmt::FP8: return af != AFmt::E4m3 && act_epi_built_for<WFmt::FP8, false>(bt);
-    case WFmt::MXFP4: return act_epi_at<WFmt::MXFP4>(split, bt);
-    case WFmt::NVFP4: return act_epi_at<WFmt::NVFP4>(split, bt);
-    case WFmt::MXFP6_E2M3: return act_epi_at<WFmt::MXFP6_E2M3>(split, bt);
-    case WFmt::MXFP6_E3M2: return act_epi_at<WFmt::MXFP6_E3M2>(split, bt);
   }
   return false;
 }

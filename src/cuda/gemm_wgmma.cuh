@@ -41,7 +41,6 @@
 #endif
 
 #include "cuda/gemm_wgmma_host.h"
-#include "cuda/row_quant.cuh"
 
 namespace qmoe::cuda {
 
@@ -256,13 +255,6 @@ __device__ __forceinline__ void wg_cta_tile(int& tile, int& ty) {
   ty = rem / width;
 }
 
-// Weight tile of consumer warpgroup cw in CTA column ty: the kWG consecutive tiles ty·kWG + cw, or
-// with GEMM1's activation epilogue the gate / up pair ty, ty + pair_up (GemmArgs::act_fused).
-template <int kWG>
-__device__ __forceinline__ int wg_weight_tile(const GemmArgs& a, int ty, int cw) {
-  return a.act_fused ? ty + cw * a.pair_up : ty * kWG + cw;
-}
-
 // The token tile's expert and token count; its tokens' slots and activation rows into shared
 // memory (threads t = 0 … kThreads − 1; −1 past the count). Returns the tile's first position in
 // the expert-ordered slot list (its first row in a tile-ordered operand, GemmArgs::a_tma).
@@ -376,116 +368,6 @@ __device__ __forceinline__ void wg_mma_stage_rs(Acc (&acc)[2][BT / 8][4], uint32
   }
 }
 
-// Ties the accumulators to this point of the program (an empty asm that "writes" them), so that no
-// use of them is scheduled above it — the wait for the last wgmma group. Without it the compiler
-// hoisted the INT8 epilogue's int → float conversions above wgmma.wait_group, and ptxas then
-// serialised every wgmma of the kernel (C7514).
-template <class Acc, int N>
-__device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if constexpr (std::is_same_v<Acc, int>) asm volatile("" : "+r"(acc[i])::"memory");
-    else asm volatile("" : "+f"(acc[i])::"memory");
-  }
-}
-
-// ---- GEMM1's activation epilogue (GemmArgs::act_fused) --------------------------------------
-// The CTA's warpgroup cw = 0 holds the gate rows of features 128·ty + 0..127 and warpgroup 1 the up
-// rows of the same features (tile ty + pair_up). Both write their scaled values (as store_partials
-// scales them) into shared memory, [half][feature][token] with a row of BT + 1 floats (the stage
-// ring, free once both warpgroups' last MMAs are done: `sync` is a barrier of the 256 consumer
-// threads, ct their index). Then each warp takes every 8th token, its lanes the 128 features as 4
-// independent 32-feature blocks: act_vec_kernel's arithmetic (V = 1) — the sum over the one split,
-// the biases, act_fn, the quantization of an element or of an MX (32) / NVFP4 (16) block by warp
-// maxima — and coalesced row segments into act_out (the token rows looked up once, before the
-// loop): the activation kernel's outputs bit for bit, with no fp32 partials written or read back.
-template <int BT>
-constexpr int act_xbuf_bytes() { return 2 * kBW * (BT + 1) * 4 + BT * 4; }
-
-template <int BT, int kMStride, class Acc, class Sync>
-__device__ __forceinline__ void act_epilogue(const GemmArgs& a, const Acc (&acc)[2][BT / 8][4], int e, int ty, int cw,
-                                             int nwl, int ct, int lane, int cnt, const int* s_slot,
-                                             const int* s_arow, float* xbuf, const Sync& sync) {
-  constexpr int NT = BT / 8, kLd = BT + 1;
-  const float es = a.escale[e];
-  const float* cs = a.colscale ? a.colscale + static_cast<int64_t>(e) * a.Npad : nullptr;
-  const int nl0 = nwl + (lane >> 2);                       // tile row of (mt 0, h 0)
-  const int row0 = (ty + cw * a.pair_up) * kBW + nl0;      // its device row
-  const int ntu = (cnt + 7) >> 3;  // token fragments in use (uniform over the CTA)
-  float* xs = xbuf + cw * kBW * kLd;
-  sync();  // both warpgroups' MMAs are done with the ring
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int nl = nl0 + mt * kMStride + h * 8;
-      const float f = cs ? es * cs[row0 + mt * kMStride + h * 8] : es;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= ntu) break;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int j = nt * 8 + (lane & 3) * 2 + q;
-          float v = static_cast<float>(acc[mt][nt][h * 2 + q]) * f;
-          if (a.a_rowscale && j < cnt) v *= a.a_rowscale[s_arow[j]];
-          xs[nl * kLd + j] = v;
-        }
-      }
-    }
-  // The output row of each token (act_out's value row), after the two halves in the ring.
-  int* srow = reinterpret_cast<int*>(xbuf + 2 * kBW * kLd);
-  if (ct < BT) srow[ct] = ct < cnt ? static_cast<int>(a.act_out.value_row(s_slot[ct])) : 0;
-  sync();
-  const int I = a.act_I;
-  const float* b = a.b13 ? a.b13 + static_cast<int64_t>(e) * 2 * I : nullptr;
-  const RowQuant& q = a.act_q;
-  const RowOut& o = a.act_out;
-  const float* xg = xbuf;
-  const float* xu = xbuf + kBW * kLd;
-  // Warp w takes tokens w, w + 8, ...; lane l features 32·c + l of the tile (c = 0..3: four
-  // independent elements per step, their biases loaded once).
-  float bg[4], bu[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int f = ty * kBW + c * 32 + lane;
-    bg[c] = b ? b[f] : 0.0f;
-    bu[c] = b ? b[I + f] : 0.0f;
-  }
-  const int f0 = ty * kBW + lane;
-#pragma unroll 1
-  for (int j = ct >> 5; j < cnt; j += 8) {  // uniform per warp: the shuffles see whole warps
-    const int64_t orow = static_cast<int64_t>(srow[j]) * o.stride;
-    float z[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int fl = c * 32 + lane;
-      float g = 0.0f + xg[fl * kLd + j];  // act_vec_kernel's sum over the one split
-      float u = 0.0f + xu[fl * kLd + j];
-      if (b) {
-        g += bg[c];
-        u += bu[c];
-      }
-      z[c] = act_fn(a.act, g, u);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) quant_store_v<1>({z[c]}, true, q, o, orow, f0 + c * 32);
-  }
-}
-// The epilogue of a wgmma kernel: partials, or GEMM1's activation (two weight tiles per CTA).
-// ct: the thread's index among the 256 consumer threads.
-template <int NT, int kMStride, int kWG, class Acc, class Sync>
-__device__ __forceinline__ void wg_epilogue(const GemmArgs& a, const Acc (&acc)[2][NT][4], int e, int split, int ty,
-                                            int cw, bool on, int nwl, int ct, int lane, int cnt, const int* s_slot,
-                                            const int* s_arow, float* xbuf, const Sync& sync) {
-  if constexpr (kWG == 2) {
-    if (a.act_fused) {
-      act_epilogue<NT * 8, kMStride>(a, acc, e, ty, cw, nwl, ct, lane, cnt, s_slot, s_arow, xbuf, sync);
-      return;
-    }
-  }
-  if (on) store_partials<NT, kMStride>(a, acc, e, split, wg_weight_tile<kWG>(a, ty, cw) * kBW + nwl, lane, cnt, s_slot, s_arow);
-}
-
 template <WFmt WF, bool SPLIT, int BT_>
 __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPLIT, BT_>::kMinBlocks)
     gemm_wg_kernel(const GemmArgs a) {
@@ -508,7 +390,7 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   int e, cnt;
   wg_tile_tokens<BT, kThreads>(a, tile, tid, e, cnt, s_slot, s_arow);
   const int nw = wg_fit_n<BT>(a, cnt);
-  const int wtile = wg_weight_tile<C::kWG>(a, ty, wg);  // this warpgroup's 128-row weight tile
+  const int wtile = ty * C::kWG + wg;  // this warpgroup's 128-row weight tile
   const bool wg_on = wtile < a.Npad / kBW;
   const int n0 = wtile * kBW;
   const int split = blockIdx.z;
@@ -553,9 +435,6 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   using Acc = typename std::conditional<C::kInt8, int, float>::type;
   Acc acc[2][NT][4];
   zero_acc(acc);
-  // Opaque zeros: without this the compiler re-created them on the path that skips the loop, and
-  // ptxas then serialised the wgmmas (C7515) once the epilogue had a second form (act_fused).
-  fence_acc(reinterpret_cast<Acc(&)[2 * NT * 4]>(acc));
   uint32_t af[C::kDepth][2][4];  // register-A formats' fragments in flight (WgCfg::kDepth)
   (void)af;
 
@@ -582,15 +461,28 @@ __global__ void __launch_bounds__(WgCfg<WF, SPLIT, BT_>::kThreads, WgCfg<WF, SPL
   cp_async_wait<0>();
   // Rows of this warp's accumulators: register A (the mma.sync layout) 32·warp + 16·mt + ...;
   // shared-memory A (instruction mt covers tile rows 64·mt..) 64·mt + 16·warp + ...
-  static_assert(C::kWG != 2 || act_xbuf_bytes<BT>() <= S * C::kStageBytes, "the epilogue's exchange fits the ring");
-  wg_epilogue<NT, C::kSS ? 64 : 16, C::kWG>(a, acc, e, split, ty, wg, wg_on, warp * (C::kSS ? 16 : 32), tid, lane, cnt,
-                                           s_slot, s_arow, reinterpret_cast<float*>(smem), [] { __syncthreads(); });
+  if (wg_on) {
+    if constexpr (C::kSS) store_partials<NT, 64>(a, acc, e, split, n0 + warp * 16, lane, cnt, s_slot, s_arow);
+    else store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+  }
 #else
   (void)a;
   __trap();
 #endif
 }
 
+// Ties the accumulators to this point of the program (an empty asm that "writes" them), so that no
+// use of them is scheduled above it — the wait for the last wgmma group. Without it the compiler
+// hoisted the INT8 epilogue's int → float conversions above wgmma.wait_group, and ptxas then
+// serialised every wgmma of the kernel (C7514).
+template <class Acc, int N>
+__device__ __forceinline__ void fence_acc(Acc (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<Acc, int>) asm volatile("" : "+r"(acc[i])::"memory");
+    else asm volatile("" : "+f"(acc[i])::"memory");
+  }
+}
 
 // ---- FP8 W8A8 on the e4m3 tensor cores (CudaOptions::fp8_mma, AFmt::E4m3) -------------------------
 // A CTA is one 128-row FP8 weight tile (the fragment layout of the mma.sync kernel, cuda_common.h)
@@ -826,12 +718,12 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 // (kW bytes each, stored contiguous per tile and stage) to dst + cw · kW and their block scales (kS
 // bytes each, none where kS = 0) to sdst + cw · kS, one bulk copy per block, announced on `bar`.
 template <int kW, int kS>
-__device__ __forceinline__ void ws_bulk_weights(const GemmArgs& a, int e, int wt0, int wstep, int ntw, int kt,
-                                                uint8_t* dst, uint8_t* sdst, uint64_t* bar) {
+__device__ __forceinline__ void ws_bulk_weights(const GemmArgs& a, int e, int wt0, int ntw, int kt, uint8_t* dst,
+                                                uint8_t* sdst, uint64_t* bar) {
   static_assert(kW % 16 == 0 && kS % 16 == 0, "bulk copies of whole 16-byte blocks");
   mbar_arrive_expect_tx(bar, static_cast<uint32_t>(ntw * (kW + kS)));
   for (int cw = 0; cw < ntw; ++cw) {
-    const int wtile = wt0 + cw * wstep;
+    const int wtile = wt0 + cw;
     bulk_copy_g2s(dst + cw * kW, a.w + e * a.w_expert_stride + (static_cast<int64_t>(wtile) * a.Kt + kt) * kW, kW, bar);
     if constexpr (kS > 0)
       bulk_copy_g2s(sdst + cw * kS,
@@ -963,14 +855,12 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
     // The stage's weight tiles (and block scales) as stored — one contiguous block each — by bulk
     // copies that thread 0 issues and announces on `full` (ws_bulk_weights: one instruction per
     // block where 128 threads issued 16-byte cp.async; the activation gather keeps those).
-    // Weight tiles of this CTA (1 or 2): wt0, wt0 + wstep (wg_weight_tile).
-    const int ntw = a.act_fused ? 2 : min(C::kWG, a.Npad / kBW - ty * C::kWG);
-    const int wt0 = wg_weight_tile<C::kWG>(a, ty, 0), wstep = a.act_fused ? a.pair_up : 1;
+    const int ntw = min(C::kWG, a.Npad / kBW - ty * C::kWG);  // weight tiles of this CTA (1 or 2)
     static_assert(C::kW1 == kBW * WT::kRaw && C::kS1 == kBW * WT::kScale, "weight and scale blocks as stored");
     auto load_w = [&](int buf, int kt) {
       if (wtid != 0) return;
       uint8_t* st = smem + buf * C::kStageBytes + C::kAStage;
-      ws_bulk_weights<C::kW1, C::kS1>(a, e, wt0, wstep, ntw, kt, st, st + C::kWG * C::kW1, &full_bar[buf]);
+      ws_bulk_weights<C::kW1, C::kS1>(a, e, ty * C::kWG, ntw, kt, st, st + C::kWG * C::kW1, &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
       ws_load_acts<C, SPLIT>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);
@@ -982,13 +872,13 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
     pdl_wait();
     pdl_trigger();
     const int cw = wgi - 1;
-    const int wtile = wg_weight_tile<C::kWG>(a, ty, cw);
+    const int wtile = ty * C::kWG + cw;
     const bool wg_on = wtile < a.Npad / kBW;
     const int nw = wg_fit_n<BT>(a, cnt);
+    const int n0 = wtile * kBW;
     using Acc = typename std::conditional<C::kInt8, int, float>::type;
     Acc acc[2][NT][4];
     zero_acc(acc);
-    fence_acc(reinterpret_cast<Acc(&)[2 * NT * 4]>(acc));  // opaque zeros (gemm_wg_kernel)
     static_assert(C::kSS || C::kInFlight < F::kSteps, "a stage's issued groups leave no earlier stage's in flight");
     uint32_t af[C::kDepth][2][4];
     (void)af;
@@ -1019,11 +909,11 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_kernel(const __grid_constant__
       }
     }
     wg_wait<0>();
-    static_assert(act_xbuf_bytes<BT>() <= S * C::kStageBytes, "the epilogue's exchange fits the ring");
     fence_acc(reinterpret_cast<Acc(&)[2 * NT * 4]>(acc));
-    wg_epilogue<NT, C::kSS ? 64 : 16, 2>(a, acc, e, split, ty, cw, wg_on, warp * (C::kSS ? 16 : 32), tid - 128, lane, cnt,
-                                        s_slot, s_arow, reinterpret_cast<float*>(smem),
-                                        [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
+    if (wg_on) {
+      if constexpr (C::kSS) store_partials<NT, 64>(a, acc, e, split, n0 + warp * 16, lane, cnt, s_slot, s_arow);
+      else store_partials<NT>(a, acc, e, split, n0 + warp * 32, lane, cnt, s_slot, s_arow);
+    }
   }
 #else
   (void)a;
@@ -1071,7 +961,7 @@ __global__ void __launch_bounds__(384, 1) gemm_ws_f8_kernel(const __grid_constan
     // The stage's weight tiles by bulk copies from thread 0 (ws_bulk_weights, as gemm_ws_kernel).
     const int ntw = min(NW, ntiles - ty * NW);
     auto load_w = [&](int buf, int kt) {
-      if (wtid == 0) ws_bulk_weights<C::kW, 0>(a, e, ty * NW, 1, ntw, kt, smem + buf * C::kStageBytes + C::kATile, nullptr, &full_bar[buf]);
+      if (wtid == 0) ws_bulk_weights<C::kW, 0>(a, e, ty * NW, ntw, kt, smem + buf * C::kStageBytes + C::kATile, nullptr, &full_bar[buf]);
     };
     auto load_a = [&](int buf, int kt) {
       ws_load_acts<C, false>(a, smem + buf * C::kStageBytes, kt, row0, wtid, s_arow, &full_bar[buf]);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -299,13 +298,6 @@ bool fit_n_enabled() {
   static const bool on = env_switch("QMOE_CUDA_FITN");
   return on;
 }
-bool act_epilogue_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("QMOE_CUDA_ACT_EPI");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return on;
-}
 
 void launch_prep(const AlignArgs& al, const void* x, XType xt, int T, int H, const float* topk_w, int K,
                  bool on_input, const RowQuant& q, const RowOut& out, int32_t* bad, int smem_optin, cudaStream_t s) {
@@ -326,6 +318,30 @@ void launch_quant_input(const void* x, XType xt, int T, int H, const float* topk
 }
 
 // ---- activation ------------------------------------------------------------------------------
+__device__ __forceinline__ float act_fn(const ActParams& p, float g, float u) {
+  switch (p.kind) {
+    case Activation::Silu:
+      if (p.has_limit) {
+        g = fminf(g, p.limit);
+        u = fminf(fmaxf(u, -p.limit), p.limit);
+      }
+      return g / (1.0f + expf(-g)) * u;
+    case Activation::Gelu:
+      return 0.5f * g * (1.0f + erff(g / 1.41421356237309515f)) * u;
+    case Activation::GeluTanh: {
+      const float inner = 0.797884560802865355f * (g + 0.044715f * g * g * g);
+      return 0.5f * g * (1.0f + tanhf(inner)) * u;
+    }
+    case Activation::SwigluOai: {
+      const float L = p.has_limit ? p.limit : 7.0f;
+      g = fminf(g, L);
+      u = fminf(fmaxf(u, -L), L);
+      return (u + 1.0f) * g * (1.0f / (1.0f + expf(-p.alpha * g)));
+    }
+  }
+  return 0.0f;
+}
+
 constexpr int kActIlp = 8;  // act_kernel: elements per thread whose loads are in flight together
 
 // Block (slot, c) computes columns [c · cw, c · cw + n) of the slot's intermediate row (cw a
@@ -410,6 +426,37 @@ __global__ void __launch_bounds__(kRowThreads) act_kernel(const float* y1p, int 
 // formats.h / qdq_fast.h quantizers): the same outputs bit for bit.
 constexpr int kActVecThreads = 256;
 constexpr int kActVecWaves = 8;  // waves of 2048 threads per SM from which a thread takes 4 groups
+
+// Stores V consecutive outputs (one 8 / 4-byte store for V = 4).
+template <int V, class T>
+__device__ __forceinline__ void st_v(T* p, const T (&v)[V]) {
+  if constexpr (V == 1) {
+    *p = v[0];
+  } else {
+    static_assert(V == 4 && (sizeof(T) == 2 || sizeof(T) == 1), "4 16- or 8-bit outputs");
+    using W = typename std::conditional<sizeof(T) == 2, uint2, uint32_t>::type;
+    W w;
+    memcpy(&w, v, sizeof(W));
+    *reinterpret_cast<W*>(p) = w;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ float absmax_v(const float (&z)[V]) {
+  float m = fabsf(z[0]);
+#pragma unroll
+  for (int c = 1; c < V; ++c) m = fmaxf(m, fabsf(z[c]));
+  return m;
+}
+
+template <class F, int V>
+__device__ __forceinline__ void mx_qdq_v(const float (&z)[V], bool on, MxScaleMode mode, __nv_bfloat16* hi) {
+  const int sh = mx_shared_exponent(lanes_max(absmax_v(z), kMxBlock / V), F::kElem, mode);
+  __nv_bfloat16 h[V];
+#pragma unroll
+  for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(mx_qdq<F>(z[c], sh));
+  if (on) st_v<V>(hi, h);
+}
 
 template <int V, int kIlp, int kSplits>
 __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1p, int ksplit, int TK, int I,
@@ -496,7 +543,63 @@ __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1
 #pragma unroll
       for (int c = 0; c < V; ++c) z[c] = act_fn(p, g[r][c], u[r][c]);
     }
-    quant_store_v<V>(z, on, q, o, orow, f);
+    __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + orow + f;
+    switch (q.mode) {
+      case ActQuant::None:
+        if (on) {
+          __nv_bfloat16 h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(z[c]);
+          st_v<V>(hi, h);
+          if (q.split) {
+            __nv_bfloat16 l[V];
+#pragma unroll
+            for (int c = 0; c < V; ++c) l[c] = __float2bfloat16_rn(z[c] - __bfloat162float(h[c]));
+            st_v<V>(static_cast<__nv_bfloat16*>(o.a_lo) + orow + f, l);
+          }
+        }
+        break;
+      case ActQuant::Mxfp4: mx_qdq_v<QdqFp4E2M1>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Mxfp6E2M3: mx_qdq_v<QdqFp6E2M3>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Mxfp6E3M2: mx_qdq_v<QdqFp6E3M2>(z, on, q.mx_mode, hi); break;
+      case ActQuant::Nvfp4: {
+        const Nvfp4Block blk(lanes_max(absmax_v(z), kNvfp4Block / V), q.static_scale);
+        __nv_bfloat16 h[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(blk.qdq(z[c]));
+        if (on) st_v<V>(hi, h);
+        break;
+      }
+      case ActQuant::Fp8Static: {
+        const float inv = 1.0f / q.static_scale;
+        if (!on) break;
+        if (q.e4m3) {
+          uint8_t* c8 = static_cast<uint8_t*>(o.a_hi) + orow;
+#pragma unroll
+          for (int c = 0; c < V; ++c) c8[e4m3_act_pos(f + c)] = e4m3_code(qdq_fp8_act(z[c], inv));
+        } else if (q.f16) {
+          __half h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2half_rn(qdq_fp8_act(z[c], inv));
+          st_v<V>(static_cast<__half*>(o.a_hi) + orow + f, h);
+        } else {
+          __nv_bfloat16 h[V];
+#pragma unroll
+          for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(qdq_fp8_act(z[c], inv));
+          st_v<V>(hi, h);
+        }
+        break;
+      }
+      case ActQuant::Int8Static: {
+        if (!on) break;
+        int8_t i8[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) i8[c] = int8_quantize_static(z[c], q.static_scale);
+        st_v<V>(static_cast<int8_t*>(o.a_hi) + orow + f, i8);
+        break;
+      }
+      default: break;  // not taken: act_vec_mode
+    }
   }
 }
 

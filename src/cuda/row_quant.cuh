@@ -11,40 +11,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstring>
-#include <type_traits>
-
 #include "cuda/cuda_common.h"
 #include "cuda/qdq_fast.h"
 #include "qmoe/formats.h"
 
 namespace qmoe::cuda {
-
-// The gated activation z = act(gate, up) of one intermediate feature (spec §8), shared by the
-// activation kernels and GEMM1's activation epilogue (gemm_wgmma.cuh).
-__device__ __forceinline__ float act_fn(const ActParams& p, float g, float u) {
-  switch (p.kind) {
-    case Activation::Silu:
-      if (p.has_limit) {
-        g = fminf(g, p.limit);
-        u = fminf(fmaxf(u, -p.limit), p.limit);
-      }
-      return g / (1.0f + expf(-g)) * u;
-    case Activation::Gelu:
-      return 0.5f * g * (1.0f + erff(g / 1.41421356237309515f)) * u;
-    case Activation::GeluTanh: {
-      const float inner = 0.797884560802865355f * (g + 0.044715f * g * g * g);
-      return 0.5f * g * (1.0f + tanhf(inner)) * u;
-    }
-    case Activation::SwigluOai: {
-      const float L = p.has_limit ? p.limit : 7.0f;
-      g = fminf(g, L);
-      u = fminf(fmaxf(u, -L), L);
-      return (u + 1.0f) * g * (1.0f / (1.0f + expf(-p.alpha * g)));
-    }
-  }
-  return 0.0f;
-}
 
 constexpr int kRowThreads = 512;  // one block per row; red[] below holds up to 32 warps
 
@@ -173,104 +144,6 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
       if (tid == 0) o.rowscale[row] = int8_token_scale(amax);
       break;
     }
-  }
-}
-
-// Stores V consecutive outputs (one 8 / 4-byte store for V = 4).
-template <int V, class T>
-__device__ __forceinline__ void st_v(T* p, const T (&v)[V]) {
-  if constexpr (V == 1) {
-    *p = v[0];
-  } else {
-    static_assert(V == 4 && (sizeof(T) == 2 || sizeof(T) == 1), "4 16- or 8-bit outputs");
-    using W = typename std::conditional<sizeof(T) == 2, uint2, uint32_t>::type;
-    W w;
-    memcpy(&w, v, sizeof(W));
-    *reinterpret_cast<W*>(p) = w;
-  }
-}
-
-template <int V>
-__device__ __forceinline__ float absmax_v(const float (&z)[V]) {
-  float m = fabsf(z[0]);
-#pragma unroll
-  for (int c = 1; c < V; ++c) m = fmaxf(m, fabsf(z[c]));
-  return m;
-}
-
-template <class F, int V>
-__device__ __forceinline__ void mx_qdq_v(const float (&z)[V], bool on, MxScaleMode mode, __nv_bfloat16* hi) {
-  const int sh = mx_shared_exponent(lanes_max(absmax_v(z), kMxBlock / V), F::kElem, mode);
-  __nv_bfloat16 h[V];
-#pragma unroll
-  for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(mx_qdq<F>(z[c], sh));
-  if (on) st_v<V>(hi, h);
-}
-
-// The intermediate's quantization of V consecutive features f.. of one row (z: act_fn's values; on:
-// the group is in the row; orow = value row · stride): per element, or per MX (32) / NVFP4 (16)
-// block whose 32 / V (16 / V) groups are held by consecutive lanes (warp maxima: every lane of the
-// warp must call it). The quantization of act_vec_kernel and of GEMM1's activation epilogue
-// (gemm_wgmma.cuh).
-template <int V>
-__device__ __forceinline__ void quant_store_v(const float (&z)[V], bool on, const RowQuant& q, const RowOut& o,
-                                              int64_t orow, int f) {
-  __nv_bfloat16* hi = static_cast<__nv_bfloat16*>(o.a_hi) + orow + f;
-  switch (q.mode) {
-    case ActQuant::None:
-      if (on) {
-        __nv_bfloat16 h[V];
-#pragma unroll
-        for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(z[c]);
-        st_v<V>(hi, h);
-        if (q.split) {
-          __nv_bfloat16 l[V];
-#pragma unroll
-          for (int c = 0; c < V; ++c) l[c] = __float2bfloat16_rn(z[c] - __bfloat162float(h[c]));
-          st_v<V>(static_cast<__nv_bfloat16*>(o.a_lo) + orow + f, l);
-        }
-      }
-      break;
-    case ActQuant::Mxfp4: mx_qdq_v<QdqFp4E2M1>(z, on, q.mx_mode, hi); break;
-    case ActQuant::Mxfp6E2M3: mx_qdq_v<QdqFp6E2M3>(z, on, q.mx_mode, hi); break;
-    case ActQuant::Mxfp6E3M2: mx_qdq_v<QdqFp6E3M2>(z, on, q.mx_mode, hi); break;
-    case ActQuant::Nvfp4: {
-      const Nvfp4Block blk(lanes_max(absmax_v(z), kNvfp4Block / V), q.static_scale);
-      __nv_bfloat16 h[V];
-#pragma unroll
-      for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(blk.qdq(z[c]));
-      if (on) st_v<V>(hi, h);
-      break;
-    }
-    case ActQuant::Fp8Static: {
-      const float inv = 1.0f / q.static_scale;
-      if (!on) break;
-      if (q.e4m3) {
-        uint8_t* c8 = static_cast<uint8_t*>(o.a_hi) + orow;
-#pragma unroll
-        for (int c = 0; c < V; ++c) c8[e4m3_act_pos(f + c)] = e4m3_code(qdq_fp8_act(z[c], inv));
-      } else if (q.f16) {
-        __half h[V];
-#pragma unroll
-        for (int c = 0; c < V; ++c) h[c] = __float2half_rn(qdq_fp8_act(z[c], inv));
-        st_v<V>(static_cast<__half*>(o.a_hi) + orow + f, h);
-      } else {
-        __nv_bfloat16 h[V];
-#pragma unroll
-        for (int c = 0; c < V; ++c) h[c] = __float2bfloat16_rn(qdq_fp8_act(z[c], inv));
-        st_v<V>(hi, h);
-      }
-      break;
-    }
-    case ActQuant::Int8Static: {
-      if (!on) break;
-      int8_t i8[V];
-#pragma unroll
-      for (int c = 0; c < V; ++c) i8[c] = int8_quantize_static(z[c], q.static_scale);
-      st_v<V>(static_cast<int8_t*>(o.a_hi) + orow + f, i8);
-      break;
-    }
-    default: break;  // the per-token / tensor-wide modes: act_kernel, quantize_row
   }
 }
 
