@@ -887,8 +887,15 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, pl.bt);
   };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
-  g1.tiles_after_wait = fuse_prep;
-  if (use_tma(af1) && m.tma_gather1()) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
+  const bool gather1 = use_tma(af1) && m.tma_gather1();
+  // GEMM1 reads the tile lists before its pdl_wait only where align completed before the kernel
+  // just before GEMM1 started (launch.cuh). Not so after launch_prep (align is in that grid), nor
+  // right after a quant_input that ran beside align (after_align: it lets its dependants start
+  // before align is done; a gather in between waits for it first). Reading them early there raced
+  // with align: found by compute-sanitizer racecheck's timing (bench/RESULTS.md 2026-12-06,
+  // session 38), where GEMM1 read a zero tile count and wrote nothing.
+  g1.tiles_after_wait = fuse_prep || (!dyn_tensor && !gather1);
+  if (gather1) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 
   const bool tma2 = use_tma(af2);

@@ -9,7 +9,9 @@
 //  * pdl_trigger() only after its own pdl_wait(), so that when a kernel starts, the kernel two
 //    places before it in the stream has completed. The GEMMs rely on that: before their wait
 //    they read align's tile lists (complete by then) and start streaming the weights, which no
-//    kernel writes, overlapping the previous kernel's tail.
+//    kernel writes, overlapping the previous kernel's tail. One kernel breaks it on purpose:
+//    quant_input with after_align triggers before its wait (it runs beside align), so the GEMM
+//    right after it reads the tile lists after its wait (GemmArgs::tiles_after_wait, experts.cc).
 // QMOE_CUDA_PDL=0 in the environment launches without the attribute (plain stream order).
 #pragma once
 
