@@ -207,7 +207,14 @@ struct AlignArgs {
   int32_t* tile_expert = nullptr;      // [max_tiles]
   int32_t* tile_m0 = nullptr;
   int32_t* num_tiles = nullptr;        // [1]
+  // Tests of the launch order (launch.cuh): align holds back this long after it lets its
+  // dependants start and before it writes anything (set_align_debug_delay_ns; 0 in use).
+  int debug_delay_ns = 0;
 };
+// For tests: every align launched from now on (CudaExperts::run_device) waits `ns` nanoseconds after
+// its trigger, so that a kernel reading align's outputs before its own wait reads stale ones.
+void set_align_debug_delay_ns(int ns);
+int align_debug_delay_ns();
 constexpr int kMaxLocalExperts = 4096;
 void launch_align(const AlignArgs& a, cudaStream_t s);
 

@@ -27,6 +27,17 @@ constexpr int kAlignIlp = 8;
 __device__ __forceinline__ void align_block(const AlignArgs& a) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
+  if (a.debug_delay_ns > 0) {  // tests only (AlignArgs::debug_delay_ns)
+    if (threadIdx.x == 0) {
+      uint64_t t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      } while (t - t0 < static_cast<uint64_t>(a.debug_delay_ns));
+    }
+    __syncthreads();
+  }
   __shared__ int s_cnt[kMaxLocalExperts + 1];  // counts, then tile offsets
   __shared__ int s_pos[kMaxLocalExperts];
   int* s_toff = s_cnt;
@@ -106,6 +117,12 @@ __device__ __forceinline__ void align_block(const AlignArgs& a) {
 }
 
 __global__ void __launch_bounds__(kAlignThreads) align_kernel(const AlignArgs a) { align_block(a); }
+
+namespace {
+std::atomic<int> g_align_delay_ns{0};
+}  // namespace
+void set_align_debug_delay_ns(int ns) { g_align_delay_ns = ns; }
+int align_debug_delay_ns() { return g_align_delay_ns.load(std::memory_order_relaxed); }
 
 void launch_align(const AlignArgs& a, cudaStream_t s) {
   launch_pdl(align_kernel, 1, kAlignThreads, 0, s, a);

@@ -26,6 +26,7 @@
 #include <random>
 #include <string>
 
+#include "cuda/cuda_common.h"  // set_align_debug_delay_ns
 #include "dev_buffer.h"
 #include "params_builder.h"
 #include "qmoe/cuda.h"
@@ -691,6 +692,36 @@ TEST(CudaExperts, MmaWidthFollowsTileTokens) {
         expect_exact(s, run_problem(s, pb, o), pb.T,
                      std::string(s.name) + " tile " + std::to_string(bt) + " tma " + std::to_string(tma));
       }
+}
+
+// Every kernel that reads align's outputs must wait for align (launch.cuh's contract). With align
+// held back for 200 µs after it lets its dependants start, a GEMM that read the tile lists before
+// its own wait would read a fresh layer's zeros (no tiles) and leave its output unwritten, as
+// GEMM1 did after a quant_input beside align (bench/RESULTS.md 2026-12-06, session 38). T = 40
+// takes the fused prep, T = 600 quant_input beside align; tma 2 puts a gather before GEMM1; the
+// tensor-wide FP8 scale puts absmax between align and quant_input.
+TEST(CudaExperts, KernelsAfterAlignWaitForIt) {
+  SKIP_WITHOUT_GPU();
+  struct Delay {
+    Delay() { set_align_debug_delay_ns(200000); }
+    ~Delay() { set_align_debug_delay_ns(0); }
+  } delay;
+  for (const char* name : {"w_mxfp4_a_mxfp4", "unquantized", "w_int8_channel_a_int8_dyn_token", "w_fp8_tensor_a_fp8_dyn_tensor"}) {
+    const SchemeInfo& s = scheme_by_name(name);
+    for (int T : {40, 600})
+      for (int tma : {0, 2}) {
+        Problem pb;
+        pb.T = T;
+        pb.K = 2;
+        pb.E = 8;
+        pb.H = 256;
+        pb.I = 128;
+        CudaOptions o;
+        o.tma = tma;
+        expect_exact(s, run_problem(s, pb, o), pb.T,
+                     std::string(name) + " T " + std::to_string(T) + " tma " + std::to_string(tma) + " (align delayed)");
+      }
+  }
 }
 
 // ---- errors -------------------------------------------------------------------------------------
