@@ -797,6 +797,9 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
   // Decode without a tensor-wide input scale: align and the input quantization in one launch.
   const bool fuse_prep = !dyn_tensor && T < kFusedPrepMaxRows && fused_prep_enabled();
+  // Otherwise, with nothing between them, the input quantization runs beside align (after_align):
+  // it lets its dependants start before align has completed (launch.cuh).
+  const bool beside_align = !fuse_prep && !dyn_tensor;
   if (!fuse_prep) launch_align(al, s);
 
   const bool rowscale = is_dyn_rowscale(sc.act);
@@ -830,7 +833,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
                 m.smem_optin, s);
   else  // (with a tensor-wide scale, absmax_input runs between align and this launch)
     launch_quant_input(d_x, xt, T, m.H, d_topk_weights, K, router_weight_on_input, q1, o1, m.bad.as<int32_t>(),
-                       !dyn_tensor, s);
+                       beside_align, s);
 
   auto gemm_args = [&](const DevWeights& d, const DevBuf& ahi, const DevBuf& alo, const DevBuf& ascale, int row_div,
                        float* out, int kps) {
@@ -889,13 +892,10 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
   const bool gather1 = use_tma(af1) && m.tma_gather1();
-  // GEMM1 reads the tile lists before its pdl_wait only where align completed before the kernel
-  // just before GEMM1 started (launch.cuh). Not so after launch_prep (align is in that grid), nor
-  // right after a quant_input that ran beside align (after_align: it lets its dependants start
-  // before align is done; a gather in between waits for it first). Reading them early there raced
-  // with align: found by compute-sanitizer racecheck's timing (bench/RESULTS.md 2026-12-06,
-  // session 38), where GEMM1 read a zero tile count and wrote nothing.
-  g1.tiles_after_wait = fuse_prep || (!dyn_tensor && !gather1);
+  // GEMM1 reads the tile lists before its pdl_wait only where align had completed when the kernel
+  // just before GEMM1 started (launch.cuh): not after launch_prep (align is in that grid), nor right
+  // after the quantization beside align (a gather in between waits for it first).
+  g1.tiles_after_wait = fuse_prep || (beside_align && !gather1);
   if (gather1) set_tma(g1, m.w13, af1, m.a1s_hi, m.a1s_lo, true);
   launch_gemm(m.wf, af1, pl.bt, m.wgmma, g1, dim3(pl.max_tiles, m.w13.Npad / kBW, pl.ks1), s);
 

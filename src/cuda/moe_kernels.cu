@@ -204,8 +204,9 @@ void launch_absmax_input(const void* x, XType xt, int T, int H, const float* top
 // are quantized beside align (one block, ~40 µs at 32768 slots) instead of after it, and block 0
 // alone waits for align's completion, at its end, so that this grid's completion still implies
 // align's. It triggers its dependants before that, so the GEMM after it must read the tile lists
-// after its own wait (GemmArgs::tiles_after_wait, set by experts.cc). Every block waiting at its end held its slot
-// and kept the later rows from starting (measured 1.006x at qwen3-30b-a3b T = 4096, H100).
+// after its own wait (GemmArgs::tiles_after_wait, set by experts.cc). Every block waiting at its
+// end held its slot and kept the later rows from starting (measured 1.006x at qwen3-30b-a3b
+// T = 4096, H100).
 template <XType X>
 __device__ __forceinline__ void quant_input_row(int t, const void* x, int H, const float* w, int K, bool on_input,
                                                 const RowQuant& q, const RowOut& o, int32_t* bad, bool after_align) {
