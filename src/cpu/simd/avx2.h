@@ -335,7 +335,6 @@ struct Avx2 {
   using W4A = W4;
   template <int NT>
   static constexpr int kW4Rows = NT == 1 ? 4 : 2;
-  static constexpr bool kW4SeqPrefetch = false;  // one line per row every two chunks, first token group only
   template <bool kFull>
   static W4 w4_weights(const uint8_t* p, int nbytes) {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));

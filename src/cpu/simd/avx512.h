@@ -367,7 +367,6 @@ struct Avx512 {
   using W4A = __m512i;
   template <int NT>
   static constexpr int kW4Rows = 4;
-  static constexpr bool kW4SeqPrefetch = true;  // prefetch_seq every chunk, every token group
   template <bool kFull>
   static W4 w4_weights(const uint8_t* p, int nbytes) {
     const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));

@@ -588,24 +588,19 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 
 // Rows r0 .. r0 + NR of a block; res[t][r0 + i].
 template <class T, bool kMx, int NT, int NR>
-void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, const uint8_t* pf_base,
-               int64_t pf_dist, float (*res)[kW4Block]) {
+void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, int64_t pf_dist,
+               float (*res)[kW4Block]) {
   typename T::F acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int i = 0; i < NR; ++i) acc[t][i] = T::zero();
   const int kfull = K & ~63;
   int k = 0;
-  if (!T::kW4SeqPrefetch && pf_dist != 0) {
-    for (; k + 128 <= kfull; k += 128) {  // one 64-byte line per row per two chunks
-#pragma GCC unroll 4
-      for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[r0 + i] + pf_dist + (k >> 1)), _MM_HINT_T0);
-      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
-      w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k + 64, K, acc);
-    }
-  }
   for (; k < kfull; k += 64) {
-    if constexpr (T::kW4SeqPrefetch)  // the block's rows in address order (prefetch_seq)
-      for (int i = 0; i < NR; ++i) prefetch_seq(pf_base, pf_dist, k >> 6, i, NR, 32);
+    // The next row block in address order (prefetch_seq), every chunk and token group: on AVX2,
+    // one line per row every two chunks had the one-token GEMM at half speed from DRAM (Zen 4,
+    // one core, K = 2048, N = 1536: 184–215 → 100–102 µs; bench/RESULTS.md 2026-12-06, session 39).
+    if (pf_dist != 0)
+      for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, 32);
     w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
   }
   if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, acc);
@@ -613,10 +608,10 @@ void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<
 }
 
 template <class T, bool kMx, int NT>
-void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, const uint8_t* pf_base,
-              int64_t pf_dist, float (*res)[kW4Block]) {
+void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, int64_t pf_dist,
+              float (*res)[kW4Block]) {
   constexpr int NR = T::template kW4Rows<NT>;
-  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_base, pf_dist, res);
+  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_dist, res);
 }
 
 // Output rows [row0, a.row1) for every token, through the row-major kernel.
@@ -649,12 +644,11 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
                   reinterpret_cast<const int32_t*>(row + l.corr_off)};
       }
       float res[kNT][kW4Block];
-      const int64_t pf = T::kW4SeqPrefetch || j0 == 0 ? pf_dist : 0;
       switch (nt) {
-        case 1: w4_block<T, kMx, 1>(rows, wf, act, K, rows[0], pf, res); break;
-        case 2: w4_block<T, kMx, 2>(rows, wf, act, K, rows[0], pf, res); break;
-        case 3: w4_block<T, kMx, 3>(rows, wf, act, K, rows[0], pf, res); break;
-        default: w4_block<T, kMx, 4>(rows, wf, act, K, rows[0], pf, res); break;
+        case 1: w4_block<T, kMx, 1>(rows, wf, act, K, pf_dist, res); break;
+        case 2: w4_block<T, kMx, 2>(rows, wf, act, K, pf_dist, res); break;
+        case 3: w4_block<T, kMx, 3>(rows, wf, act, K, pf_dist, res); break;
+        default: w4_block<T, kMx, 4>(rows, wf, act, K, pf_dist, res); break;
       }
       epilogue(a, n0, nr, j0, nt, res);
     }
