@@ -122,7 +122,11 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
       const float inv = 1.0f / s;
       if (q.e4m3) {
         uint8_t* c8 = static_cast<uint8_t*>(o.a_hi) + at;  // col0 is a multiple of 16: whole chunks
-        for (int i = tid; i < n; i += blockDim.x) c8[e4m3_act_pos(i)] = e4m3_code(qdq_fp8_act(v[i], inv));
+        // Elements 2j, 2j + 1 are neighbours in the e4m3 order too: one 2-byte store per pair.
+        for (int i = 2 * tid; i < n; i += 2 * blockDim.x) {
+          if (i + 1 < n) *reinterpret_cast<uint16_t*>(c8 + e4m3_act_pos(i)) = e4m3x2_act_codes(v[i], v[i + 1], inv);
+          else c8[e4m3_act_pos(i)] = static_cast<uint8_t>(e4m3x2_act_codes(v[i], 0.0f, inv));
+        }
       } else if (q.f16) {
         __half* h16 = static_cast<__half*>(o.a_hi) + at;
         for (int i = tid; i < n; i += blockDim.x) h16[i] = __float2half_rn(qdq_fp8_act(v[i], inv));

@@ -43,6 +43,12 @@ __global__ void k_fp8(const uint32_t* w, uint32_t* out, int n) {
   if (i >= n) return;
   e4m3x4_to_f16x2x2(w[i], out[2 * i], out[2 * i + 1]);
 }
+__global__ void k_e4m3x2(const float* a, const float* b, float inv, uint16_t* hw, uint16_t* sw, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  hw[i] = e4m3x2_act_codes(a[i], b[i], inv);
+  sw[i] = e4m3x2_act_codes_sw(a[i], b[i], inv);
+}
 __global__ void k_quant_rows(const float* x, int n, const RowQuant q, const RowOut o) {
   extern __shared__ float sv[];
   __shared__ float red[32];
@@ -72,6 +78,21 @@ std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_
   QMOE_CUDA_CHECK(cudaGetLastError());
   auto r = from_device(o, 4 * static_cast<size_t>(n));
   cudaFree(w); cudaFree(sw); cudaFree(o);
+  return r;
+}
+
+E4m3Pairs e4m3x2_codes(const std::vector<float>& a, const std::vector<float>& b, float inv_scale) {
+  const int n = static_cast<int>(a.size());
+  float* da = to_device(a);
+  float* db = to_device(b);
+  uint16_t *hw = nullptr, *sw = nullptr;
+  QMOE_CUDA_CHECK(cudaMalloc(&hw, sizeof(uint16_t) * std::max(n, 1)));
+  QMOE_CUDA_CHECK(cudaMalloc(&sw, sizeof(uint16_t) * std::max(n, 1)));
+  if (n > 0) k_e4m3x2<<<(n + 255) / 256, 256>>>(da, db, inv_scale, hw, sw, n);
+  QMOE_CUDA_CHECK(cudaGetLastError());
+  E4m3Pairs r{from_device(hw, static_cast<size_t>(n)), from_device(sw, static_cast<size_t>(n))};
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(hw), static_cast<void*>(sw)})
+    QMOE_CUDA_CHECK(cudaFree(p));
   return r;
 }
 

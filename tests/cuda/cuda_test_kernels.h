@@ -16,6 +16,13 @@ std::vector<uint32_t> decode_fp4_fragments(bool nvfp4, const std::vector<uint32_
 // e4m3x4_to_f16x2x2 of each word (both halves) → 2 fp16x2 words per input word.
 std::vector<uint32_t> decode_fp8_units(const std::vector<uint32_t>& words);
 
+// e4m3x2_act_codes (the hardware conversion on this card) and e4m3x2_act_codes_sw, both on the
+// device, for pairs (a[i], b[i]).
+struct E4m3Pairs {
+  std::vector<uint16_t> hw, sw;
+};
+E4m3Pairs e4m3x2_codes(const std::vector<float>& a, const std::vector<float>& b, float inv_scale);
+
 struct QuantRowsResult {
   std::vector<float> hi, lo;  // bf16 operands as floats
   std::vector<int8_t> i8;     // int8 operands

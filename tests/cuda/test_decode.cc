@@ -2,6 +2,7 @@
 // code by code (no tolerance: every decode and every quantized operand must be exact).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -83,6 +84,40 @@ TEST(CudaDecode, Fp8AllFiniteCodes) {
     const uint32_t w = out[i / 2];
     const float got = fp16_decode(static_cast<uint16_t>((i & 1) ? w >> 16 : w & 0xFFFF));
     ASSERT_TRUE(same(got, fp8_e4m3_decode(bytes[i]))) << "code " << int(bytes[i]);
+  }
+}
+
+// The activation quantizers' E4M3 codes by the hardware conversion (sm_89+) against the bit walk
+// and the reference (formats.h fp8_quantize_act): every code's value and the midpoints between
+// neighbours (ties to even), values past ±448, subnormals, ±0, NaN, ±Inf, and random values over
+// every exponent, at three scales.
+TEST(CudaDecode, E4m3HardwareCodesMatchTheBitWalk) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> v;
+  std::vector<float> mags;
+  for (int c = 0; c < 0x7F; ++c) mags.push_back(fp8_e4m3_decode(static_cast<uint8_t>(c)));
+  for (size_t i = 0; i + 1 < mags.size(); ++i) {
+    const float mid = 0.5f * (mags[i] + mags[i + 1]);
+    for (float m : {mags[i], mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) v.push_back(m);
+  }
+  for (float m : {448.0f, 456.0f, 464.0f, 480.0f, 1e6f, 0x1p-10f, 0x1p-11f, 3 * 0x1p-11f, 0x1p-149f, 1e-30f})
+    v.push_back(m);
+  std::mt19937 rng(7);
+  for (int e = -150; e <= 12; ++e)
+    for (int r = 0; r < 24; ++r)
+      v.push_back(std::ldexp(1.0f + static_cast<float>(rng() % 8388608u) / 8388608.0f, e));
+  const size_t base = v.size();
+  for (size_t i = 0; i < base; ++i) v.push_back(-v[i]);
+  for (float m : {0.0f, -0.0f, NAN, -NAN, INFINITY, -INFINITY}) v.push_back(m);
+  std::vector<float> a(v), b(v);
+  std::rotate(b.begin(), b.begin() + 1, b.end());  // pairs of different values
+  for (float inv : {1.0f, 1.0f / 0.01f, 1.0f / 37.5f}) {
+    const auto r = e4m3x2_codes(a, b, inv);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const uint16_t want = static_cast<uint16_t>(fp8_quantize_act(a[i], inv) | (fp8_quantize_act(b[i], inv) << 8));
+      ASSERT_EQ(r.sw[i], want) << "bit walk: a " << a[i] << " b " << b[i] << " inv " << inv;
+      ASSERT_EQ(r.hw[i], want) << "hardware: a " << a[i] << " b " << b[i] << " inv " << inv;
+    }
   }
 }
 

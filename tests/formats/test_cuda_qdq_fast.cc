@@ -85,6 +85,14 @@ TEST(CudaQdqFast, E4m3CodeInvertsDecodeAndMatchesQuantizeAct) {
   for (float inv : {1.0f, 0.37f, 1.0f / 448.0f, 3.0e4f})
     for (float y : probe_values(17))
       ASSERT_EQ(e4m3_code(qdq_fp8_act(y, inv)), fp8_quantize_act(y, inv)) << "y = " << y << " inv " << inv;
+  // The pair form (the host's bit walk; the device's hardware conversion is checked on a GPU by
+  // CudaDecode.E4m3HardwareCodesMatchTheBitWalk): the first value in the low byte.
+  const std::vector<float> ys = probe_values(5);
+  for (size_t i = 0; i + 1 < ys.size(); ++i) {
+    const uint16_t want = static_cast<uint16_t>(fp8_quantize_act(ys[i], 0.37f) | (fp8_quantize_act(ys[i + 1], 0.37f) << 8));
+    ASSERT_EQ(e4m3x2_act_codes(ys[i], ys[i + 1], 0.37f), want) << "y = " << ys[i] << ", " << ys[i + 1];
+    ASSERT_EQ(e4m3x2_act_codes_sw(ys[i], ys[i + 1], 0.37f), want) << "y = " << ys[i] << ", " << ys[i + 1];
+  }
 }
 
 // The row order of AFmt::E4m3 is a permutation of each 16-element chunk.
