@@ -700,6 +700,10 @@ TEST(CudaExperts, MmaWidthFollowsTileTokens) {
 // GEMM1 did after a quant_input beside align (bench/RESULTS.md 2026-12-06, session 38). T = 40
 // takes the fused prep, T = 600 quant_input beside align; tma 2 puts a gather before GEMM1; the
 // tensor-wide FP8 scale puts absmax between align and quant_input.
+// On an H100 (2026-12-06, session 39) it passed with that fix reverted too: the card did not start
+// GEMM1 while align, two grids back, was still running, although quant_input had let it. So there
+// it guards the documented model (a grid's dependants may start once it has triggered), which other
+// cards, drivers or the sanitizers (where session 38 saw the race) need not tighten the same way.
 TEST(CudaExperts, KernelsAfterAlignWaitForIt) {
   SKIP_WITHOUT_GPU();
   struct Delay {
