@@ -85,30 +85,29 @@ QMOE_HD uint8_t e4m3_code(float y) {
   return static_cast<uint8_t>(mag == 0 ? 0u : (((b >> 24) & 0x80u) | mag));
 }
 
-// The E4M3 codes of two activation values (a → low byte, b → high byte): what
-// e4m3_code(qdq_fp8_act(·, inv_scale)) gives for each. The clamp to ±448 first (NaN → −448, as the
-// reference does); on sm_89 and later the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: round to
-// nearest even, subnormals, saturation), then ±0 as +0 — about 30 fewer instructions per value than
-// the bit walk, which the activation kernel of an FP8 layer spent most of its time on (bench/RESULTS.md
-// 2026-12-06, session 39). CudaDecode.E4m3HardwareCodesMatchTheBitWalk checks the two agree.
+// The E4M3 codes of two activation values (a → low byte, b → high byte) by the bit walk above:
+// e4m3_code(qdq_fp8_act(·, inv_scale)) of each (the reference the hardware form is tested against).
+QMOE_HD uint16_t e4m3x2_act_codes_sw(float a, float b, float inv_scale) {
+  return static_cast<uint16_t>(e4m3_code(qdq_fp8_act(a, inv_scale)) |
+                               (static_cast<uint32_t>(e4m3_code(qdq_fp8_act(b, inv_scale))) << 8));
+}
+// The same codes, on sm_89 and later by the hardware conversion: the clamp to ±448 first (NaN →
+// −448, as the reference does), cvt.rn.satfinite.e4m3x2.f32 (round to nearest even, subnormals,
+// saturation), then ±0 as +0 — about 30 fewer instructions per value than the bit walk, which the
+// activation kernel of an FP8 layer spent most of its time on (bench/RESULTS.md 2026-12-06, session
+// 39). CudaDecode.E4m3HardwareCodesMatchTheBitWalk checks the two agree.
 QMOE_HD uint16_t e4m3x2_act_codes(float a, float b, float inv_scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   const float ya = fminf(fmaxf(a * inv_scale, -kFp8E4M3Max), kFp8E4M3Max);
   const float yb = fminf(fmaxf(b * inv_scale, -kFp8E4M3Max), kFp8E4M3Max);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t c;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(c) : "f"(ya), "f"(yb));
   const uint32_t w = c;
   const uint32_t nonzero = ((w & 0x7F7Fu) + 0x7F7Fu) & 0x8080u;  // bit 7 of each byte whose magnitude is not 0
   return static_cast<uint16_t>(w & (0x7F7Fu | nonzero));
 #else
-  return static_cast<uint16_t>(e4m3_code(minifloat_qdq<QdqFp8E4M3>(ya)) |
-                               (static_cast<uint32_t>(e4m3_code(minifloat_qdq<QdqFp8E4M3>(yb))) << 8));
+  return e4m3x2_act_codes_sw(a, b, inv_scale);
 #endif
-}
-// The software form of the same, on every architecture (the reference the tests compare with).
-QMOE_HD uint16_t e4m3x2_act_codes_sw(float a, float b, float inv_scale) {
-  return static_cast<uint16_t>(e4m3_code(qdq_fp8_act(a, inv_scale)) |
-                               (static_cast<uint32_t>(e4m3_code(qdq_fp8_act(b, inv_scale))) << 8));
 }
 
 // One element of an MX block with shared exponent `shared` ∈ [−127, 127]: the value formats.h's
