@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cpu/kernel_iface.h"
@@ -103,6 +104,10 @@ void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
   }
 }
 
+double w4a4_bf16_tokens() {
+  return cpu_features().avx512_half_width ? std::numeric_limits<double>::infinity() : kW4a4Bf16Tokens;
+}
+
 DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage, double tokens_per_expert) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
@@ -111,7 +116,7 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     // operands are exact in bf16 (e2m1 · 2^s), so vdpbf16ps over the once-decoded weight rows (one
     // term) beats the exact integer block sums, whose per-block conversion and scaling cost more
     // than the products once the decode is shared by many tokens.
-    if (isa == Isa::Avx512Bf16 && tokens_per_expert >= kW4a4Bf16Tokens) return DotKind::Bf16;
+    if (isa == Isa::Avx512Bf16 && tokens_per_expert >= w4a4_bf16_tokens()) return DotKind::Bf16;
     if (isa == Isa::Amx && tokens_per_expert >= kAmxW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }

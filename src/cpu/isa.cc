@@ -59,7 +59,10 @@ CpuFeatures read_cpu_features() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(0, &a, &b, &c, &d) == 0) return f;
   const unsigned max_leaf = a;
+  const bool amd = b == 0x68747541u && d == 0x69746E65u && c == 0x444D4163u;  // "AuthenticAMD"
   __cpuid(1, a, b, c, d);
+  const unsigned base_family = (a >> 8) & 0xFu;
+  const unsigned family = base_family == 0xFu ? base_family + ((a >> 20) & 0xFFu) : base_family;
   // XCR0 (XGETBV 0, valid where CPUID.1:ECX.OSXSAVE): which register state the OS saves.
   uint64_t xcr0 = 0;
   if (bit(c, 27)) {
@@ -81,6 +84,7 @@ CpuFeatures read_cpu_features() {
   f.avx512bw = os_avx512 && bit(b, 30);
   f.avx512vl = os_avx512 && bit(b, 31);
   f.avx512vnni = os_avx512 && bit(c, 11);
+  f.avx512_half_width = f.avx512f && amd && family == 0x19;  // Zen 4 (Zen 3, also 19h, has no AVX-512)
   f.amx_bf16 = os_amx && bit(d, 22);
   f.amx_tile = os_amx && bit(d, 24);
   f.amx_int8 = os_amx && bit(d, 25);

@@ -28,6 +28,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  // AVX-512 whose 512-bit operations run on 256-bit datapaths (AMD Zen 4: family 19h): a speed fact
+  // for dot_kind_for, not a target.
+  bool avx512_half_width = false;
 };
 const CpuFeatures& cpu_features();
 // Whether this CPU (and OS) can run the kernels of `isa`: AVX2 needs AVX2+FMA+F16C; AVX-512 needs

@@ -91,6 +91,12 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
 // qwen3-30b-a3b / gpt-oss-20b, 1 and 2 threads: 1.08–1.27× from 8 tokens per expert, level at 6,
 // 0.85–0.9× at 1–4; bench/RESULTS.md 2026-12-03).
 inline constexpr double kW4a4Bf16Tokens = 8.0;
+// The threshold avx512bf16 uses: kW4a4Bf16Tokens, or never (+∞) where AVX-512 runs on 256-bit
+// datapaths (CpuFeatures::avx512_half_width, Zen 4). There the integer kind was 2.0–2.3× faster
+// than the Bf16 kind at 8–32 tokens (one core, one GEMM, K = 2048, N = 1536, hot) and the layer
+// 1.1–1.3× at 8–16 tokens per expert, 1.25–1.6× at 32–64 (qwen3-30b-a3b, gpt-oss-20b, 2 threads;
+// bench/RESULTS.md 2026-12-06, session 39).
+double w4a4_bf16_tokens();
 // The same switch on amx (the tiles): from a mean of 4.5. The Fp4Mx kernel takes 5–8 tokens in
 // two passes of ≤ 4, the tiles in one, and the choice holds for every expert of the call: with a
 // Poisson spread of tokens over the experts the expected cost per expert (one core, cold, K =

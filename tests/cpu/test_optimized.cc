@@ -115,7 +115,7 @@ std::vector<Case> setups() {
       {"topk_all_E6", 6, 64, 64, 6, 5, Routing::TopkAll, {}, false},
       {"all_on_one_E5K2", 5, 96, 32, 2, 16, Routing::AllOnOne, {}, false},
       // 12 tokens per expert: the prefill kinds (dot_kind_for: W4A4 MXFP4 on Bf16 from
-      // kW4a4Bf16Tokens on avx512bf16); chunk 4 in the matrix below runs the decode kinds.
+      // w4a4_bf16_tokens() on avx512bf16); chunk 4 in the matrix below runs the decode kinds.
       {"prefill_E4K2", 4, 128, 64, 2, 24, Routing::Uniform, {}, false},
       {"empty_expert_E4K2", 4, 64, 32, 2, 12, Routing::SkipLast, {}, false},
       {"ep_map_E8K2", 8, 64, 32, 2, 9, Routing::Uniform, {0, -1, 1, -1, 2, 3, -1, 4}, false},

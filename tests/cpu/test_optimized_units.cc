@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -575,18 +576,21 @@ TEST(OptimizedUnits, ActivationsMatchReference) {
 }
 
 // The dot-product kind is a speed choice (dot_kind_for): MXFP4 W4A4 keeps its exact integer
-// block sums at decode and takes the Bf16 kind from kW4a4Bf16Tokens tokens per expert, on
-// avx512bf16 only; NVFP4 W4A4 and INT8 W8A8 keep their integer kinds at every token count.
+// block sums at decode and takes the Bf16 kind from w4a4_bf16_tokens() tokens per expert, on
+// avx512bf16 only (kW4a4Bf16Tokens; never on Zen 4's half-width AVX-512); NVFP4 W4A4 and INT8
+// W8A8 keep their integer kinds at every token count.
 TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
   const SchemeInfo& mx = scheme_by_name("w_mxfp4_a_mxfp4");
   const SchemeInfo& nv = scheme_by_name("nvfp4");
   const SchemeInfo& i8 = scheme_by_name("w_int8_channel_a_int8_dyn_token");
+  const double from = w4a4_bf16_tokens();
+  EXPECT_EQ(from, cpu_features().avx512_half_width ? std::numeric_limits<double>::infinity() : kW4a4Bf16Tokens);
   for (int gemm : {1, 2}) {
     for (double tpe : {0.1, 1.0, 4.0, kW4a4Bf16Tokens - 0.5}) {
       EXPECT_EQ(DotKind::Fp4Mx, dot_kind_for(mx, Isa::Avx512Bf16, gemm, DType::BF16, tpe)) << tpe;
     }
     for (double tpe : {kW4a4Bf16Tokens, 16.0, 128.0}) {
-      EXPECT_EQ(DotKind::Bf16, dot_kind_for(mx, Isa::Avx512Bf16, gemm, DType::BF16, tpe)) << tpe;
+      EXPECT_EQ(tpe >= from ? DotKind::Bf16 : DotKind::Fp4Mx, dot_kind_for(mx, Isa::Avx512Bf16, gemm, DType::BF16, tpe)) << tpe;
       for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
         EXPECT_EQ(DotKind::Fp4Mx, dot_kind_for(mx, isa, gemm, DType::BF16, tpe)) << isa_name(isa);
       EXPECT_EQ(DotKind::Fp4Nv, dot_kind_for(nv, Isa::Avx512Bf16, gemm, DType::BF16, tpe));
