@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(kActVecThreads) act_vec_kernel(const float* y1
             *reinterpret_cast<uint16_t*>(c8 + p0) = e4m3x2_act_codes(z[0], z[1], inv);
             *reinterpret_cast<uint16_t*>(c8 + p0 + 4) = e4m3x2_act_codes(z[2], z[3], inv);
           } else {
-            c8[e4m3_act_pos(f)] = static_cast<uint8_t>(e4m3x2_act_codes(z[0], 0.0f, inv));
+            c8[e4m3_act_pos(f)] = e4m3_act_code(z[0], inv);
           }
         } else if (q.f16) {
           __half h[V];

@@ -60,11 +60,13 @@ QMOE_HD float minifloat_qdq(float y) {
   return r > F::kMax ? F::kMax : (r < -F::kMax ? -F::kMax : r);
 }
 
-// fp8_e4m3_decode(fp8_quantize_act(x, inv_scale)): the clamp to ±448 (NaN → −448), then the
-// round trip.
-QMOE_HD float qdq_fp8_act(float x, float inv_scale) {
-  return minifloat_qdq<QdqFp8E4M3>(fminf(fmaxf(x * inv_scale, -kFp8E4M3Max), kFp8E4M3Max));
+// fp8_quantize_act's clamp of the scaled value to ±448 (NaN → −448: fmaxf keeps the number).
+QMOE_HD float fp8_act_clamp(float x, float inv_scale) {
+  return fminf(fmaxf(x * inv_scale, -kFp8E4M3Max), kFp8E4M3Max);
 }
+
+// fp8_e4m3_decode(fp8_quantize_act(x, inv_scale)): the clamp, then the round trip.
+QMOE_HD float qdq_fp8_act(float x, float inv_scale) { return minifloat_qdq<QdqFp8E4M3>(fp8_act_clamp(x, inv_scale)); }
 
 // Where element k of a row goes in an AFmt::E4m3 row: within each 16-element chunk, element
 // 2c + i (i = 0, 1) to 4c + i and element 8 + 2c + i to 4c + 2 + i. A k32 step of the e4m3 wgmma
@@ -98,8 +100,7 @@ QMOE_HD uint16_t e4m3x2_act_codes_sw(float a, float b, float inv_scale) {
 // 39). CudaDecode.E4m3HardwareCodesMatchTheBitWalk checks the two agree.
 QMOE_HD uint16_t e4m3x2_act_codes(float a, float b, float inv_scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const float ya = fminf(fmaxf(a * inv_scale, -kFp8E4M3Max), kFp8E4M3Max);
-  const float yb = fminf(fmaxf(b * inv_scale, -kFp8E4M3Max), kFp8E4M3Max);
+  const float ya = fp8_act_clamp(a, inv_scale), yb = fp8_act_clamp(b, inv_scale);
   uint16_t c;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(c) : "f"(ya), "f"(yb));
   const uint32_t w = c;
@@ -108,6 +109,10 @@ QMOE_HD uint16_t e4m3x2_act_codes(float a, float b, float inv_scale) {
 #else
   return e4m3x2_act_codes_sw(a, b, inv_scale);
 #endif
+}
+// One value's code (the low byte of the pair form).
+QMOE_HD uint8_t e4m3_act_code(float x, float inv_scale) {
+  return static_cast<uint8_t>(e4m3x2_act_codes(x, 0.0f, inv_scale));
 }
 
 // One element of an MX block with shared exponent `shared` ∈ [−127, 127]: the value formats.h's

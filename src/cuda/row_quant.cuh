@@ -125,7 +125,7 @@ __device__ inline void quantize_row(const float* v, int n, const RowQuant& q, co
         // Elements 2j, 2j + 1 are neighbours in the e4m3 order too: one 2-byte store per pair.
         for (int i = 2 * tid; i < n; i += 2 * blockDim.x) {
           if (i + 1 < n) *reinterpret_cast<uint16_t*>(c8 + e4m3_act_pos(i)) = e4m3x2_act_codes(v[i], v[i + 1], inv);
-          else c8[e4m3_act_pos(i)] = static_cast<uint8_t>(e4m3x2_act_codes(v[i], 0.0f, inv));
+          else c8[e4m3_act_pos(i)] = e4m3_act_code(v[i], inv);
         }
       } else if (q.f16) {
         __half* h16 = static_cast<__half*>(o.a_hi) + at;

@@ -599,8 +599,7 @@ void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<
     // The next row block in address order (prefetch_seq), every chunk and token group: on AVX2,
     // one line per row every two chunks had the one-token GEMM at half speed from DRAM (Zen 4,
     // one core, K = 2048, N = 1536: 184–215 → 100–102 µs; bench/RESULTS.md 2026-12-06, session 39).
-    if (pf_dist != 0)
-      for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, 32);
+    for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, 32);
     w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
   }
   if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, acc);
