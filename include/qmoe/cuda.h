@@ -70,6 +70,11 @@ struct CudaOptions {
   // rule before 2026-12-06); -1 = env QMOE_CUDA_TMA (0 | 1 | all | 128 | all128), else 1. For tests
   // and measurements.
   int tma = -1;
+  // The warp-specialised wgmma kernels persistent (one CTA per SM, each looping over tiles, so the
+  // next tile's loads overlap the current one's end): 0 off, 1 on; -1 = env QMOE_CUDA_PERSIST (0 | 1),
+  // else 1; n ≥ 2: at most n CTAs (tests: many tiles per CTA on small problems). For tests and
+  // measurements.
+  int persist = -1;
   int token_tile = 0;  // tokens per GEMM tile (kTokenTiles); 0 = chosen from tokens per expert
   int ksplit = 0;      // K splits of each GEMM (partials summed in a fixed order); 0 = auto
   // Tiles of 32 tokens and up on Hopper's warpgroup MMA where the tile table picks it (sm_90a

@@ -137,6 +137,14 @@ struct GemmArgs {
   // The wgmma kernels run a tile's MMAs only as wide as its tokens need (wg_fit_n: the token count
   // rounded up to 32); off (fit_n_enabled: QMOE_CUDA_FITN=0), every MMA is the tile's full width.
   bool fit_n = true;
+  // The warp-specialised kernels (gemm_ws_kernel, gemm_ws_f8_kernel): > 0, persistent — at most this
+  // many CTAs (the SM count), each looping over the classic grid's items (gemm_wgmma.cuh ws_sched);
+  // 0, one CTA per item. persist_y / persist_z: the classic grid's y and z, set by the launch.
+  int persist = 0;
+  int persist_y = 0, persist_z = 0;
+  // Persistent: the work counter the CTAs claim items from (zero when the kernel starts: align zeroes
+  // it, AlignArgs::num_tiles), one per GEMM of a layer.
+  int* claim = nullptr;
   CUtensorMap tma_hi{}, tma_lo{};
 };
 bool fit_n_enabled();
@@ -206,7 +214,7 @@ struct AlignArgs {
   int32_t* slot_pos = nullptr;         // [TK] position of a local slot in sorted_slots (the inverse)
   int32_t* tile_expert = nullptr;      // [max_tiles]
   int32_t* tile_m0 = nullptr;
-  int32_t* num_tiles = nullptr;        // [1]
+  int32_t* num_tiles = nullptr;        // [3]: the tile count, then two work counters set to 0 (GemmArgs::claim)
   // Tests of the launch order (launch.cuh): align holds back this long after it lets its
   // dependants start and before it writes anything (set_align_debug_delay_ns; 0 in use).
   int debug_delay_ns = 0;

@@ -131,6 +131,7 @@ struct CudaExperts::Impl {
   // Reserved (tma_rows > 0) for up to TK ≥ 128 slots on the wgmma kernels unless CudaOptions::tma
   // (QMOE_CUDA_TMA) is 0: a second copy of GEMM2's operand buffer, and of GEMM1's T · K rows.
   int tma_mode = 1;  // CudaOptions::tma resolved
+  int persist = 1;  // CudaOptions::persist resolved: 0 off, 1 one CTA per SM, n ≥ 2 at most n CTAs
   int tma_rows = 0;
   DevBuf a1s_hi, a1s_lo, a2s_hi, a2s_lo;
   // Host-call staging.
@@ -481,6 +482,15 @@ static int resolve_tma(int t) {
   throw Error(std::string("QMOE_CUDA_TMA='") + v + "': expected 0, 1, all, 128 or all128");
 }
 
+static int resolve_persist(int p) {
+  if (p < -1) throw Error("CUDA experts: persist must be -1, 0, 1 or a CTA count ≥ 2, got " + std::to_string(p));
+  if (p >= 0) return p;
+  const char* v = std::getenv("QMOE_CUDA_PERSIST");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  throw Error(std::string("QMOE_CUDA_PERSIST='") + v + "': expected 0 or 1");
+}
+
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
   QMOE_CUDA_CHECK(cudaSetDevice(opt.device));
   m.scheme = &s;
@@ -493,6 +503,7 @@ static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const Activat
   // kernels) passed with test_cuda 310 / 310 and under compute-sanitizer memcheck on 2026-12-05.
   m.f8_kernel = resolve_fp8_kernel(opt.fp8_kernel);
   m.tma_mode = resolve_tma(opt.tma);
+  m.persist = resolve_persist(opt.persist);
   const bool int8_w = s.weight == WeightFormat::Int8;
   const bool int8_a = s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken;
   if (int8_w != int8_a)
@@ -717,7 +728,7 @@ void CudaExperts::reserve(int max_tokens, int top_k) {
   m.offsets.alloc(sizeof(int32_t) * (m.E_loc + 1));
   m.tile_expert.alloc(sizeof(int32_t) * max_tiles);
   m.tile_m0.alloc(sizeof(int32_t) * max_tiles);
-  m.num_tiles.alloc(sizeof(int32_t));
+  m.num_tiles.alloc(3 * sizeof(int32_t));  // the tile count and GEMM1's / GEMM2's work counters
   m.bad.alloc(sizeof(int32_t) * m.max_T);
   const int eb = m.a_elem_bytes();
   const bool split = m.af == AFmt::Bf16Split;
@@ -864,6 +875,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     g.kt_per_split = kps;
     g.f8_kernel = m.f8_kernel;
     g.fit_n = fit_n_enabled();
+    g.persist = m.persist == 1 ? m.num_sms : m.persist;
     return g;
   };
   // 128-token tiles on the warp-specialised kernel read their activation tiles by TMA from a copy
@@ -891,6 +903,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
     if (af == AFmt::Bf16Split) g.tma_lo = make_rows_tmap(slo.get(), TK, rb, pl.bt);
   };
   GemmArgs g1 = gemm_args(m.w13, a1, m.a1_lo, m.a1_scale, K, m.y1p.as<float>(), pl.kps1);
+  g1.claim = m.num_tiles.as<int32_t>() + 1;
   const bool gather1 = use_tma(af1) && m.tma_gather1();
   // GEMM1 reads the tile lists before its pdl_wait only where align had completed when the kernel
   // just before GEMM1 started (launch.cuh): not after launch_prep (align is in that grid), nor right
@@ -911,6 +924,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   if (dyn_tensor) launch_quant_rows(m.zbuf.as<float>(), TK, m.I, m.slot_local.as<int32_t>(), q2, o2, s);
 
   GemmArgs g2 = gemm_args(m.w2, a2, m.a2_lo, m.a2_scale, 1, m.y2p.as<float>(), pl.kps2);
+  g2.claim = m.num_tiles.as<int32_t>() + 2;
   if (tma2) set_tma(g2, m.w2, af2, m.a2s_hi, m.a2s_lo, false);
   launch_gemm(m.wf, af2, pl.bt, m.wgmma, g2, dim3(pl.max_tiles, m.w2.Npad / kBW, pl.ks2), s);
 

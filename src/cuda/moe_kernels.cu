@@ -87,7 +87,9 @@ __device__ __forceinline__ void align_block(const AlignArgs& a) {
   }
   if (tid == 0) {
     a.offsets[a.E_loc] = total_slots;
-    *a.num_tiles = total_tiles;
+    a.num_tiles[0] = total_tiles;
+    a.num_tiles[1] = 0;  // the persistent GEMMs' work counters (GemmArgs::claim)
+    a.num_tiles[2] = 0;
     s_toff[a.E_loc] = total_tiles;
   }
   __syncthreads();

@@ -694,6 +694,90 @@ TEST(CudaExperts, MmaWidthFollowsTileTokens) {
       }
 }
 
+// The persistent warp-specialised kernels (CudaOptions::persist) loop over the classic grid's work
+// items; their output must be the one-CTA-per-item output bit for bit. persist = 3 makes each CTA
+// take many items on this small problem — empty and one-token experts, partial tiles, K splits, and
+// an odd weight-tile count (2I = 640: five 128-row tiles of GEMM1, so one consumer warpgroup idles on
+// every third item) — and persist = 1 is the default (one CTA per SM). TMA 2 puts both GEMMs on the
+// warp-specialised kernel for every format it is built for; TMA 0 keeps it where it is the default
+// without TMA (bf16 weights, hi + lo); FP8 runs its e4m3 kernels with one and two weight tiles.
+TEST(CudaExperts, PersistentKernelsMatchOneCtaPerItem) {
+  SKIP_WITHOUT_GPU();
+  const int counts[] = {0, 1, 63, 64, 65, 129, 200, 7};
+  Problem pb;
+  pb.K = 1;
+  pb.E = 8;
+  pb.H = 576;
+  pb.I = 320;
+  pb.T = 0;
+  for (int e = 0; e < pb.E; ++e) {
+    for (int i = 0; i < counts[e]; ++i) pb.forced_ids.push_back(e);
+    pb.T += counts[e];
+  }
+  std::shuffle(pb.forced_ids.begin(), pb.forced_ids.end(), std::mt19937(11));
+  int compared = 0;
+  for (const auto& s : all_schemes()) {
+    if (small() && std::string(s.name) != "w_mxfp4_a_mxfp4" && std::string(s.name) != "unquantized" &&
+        std::string(s.name) != "w_fp8_tensor_a_fp8_static")
+      continue;  // under compute-sanitizer: one register-decode, one shared-memory-operand, the e4m3 kernels
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(pb.T) * pb.H);
+    for (auto& v : x) v = nd(rng);
+    const ExpertParams p = build_params(spec_of(s, pb), x, pb.T);
+    std::vector<float> w(pb.forced_ids.size());
+    for (auto& v : w) v = std::uniform_real_distribution<float>(0.1f, 1.0f)(rng);
+    ExpertsArgs a;
+    a.params = &p;
+    a.x = x.data();
+    a.T = pb.T;
+    a.K = pb.K;
+    a.topk_ids = pb.forced_ids.data();
+    a.topk_weights = w.data();
+    std::vector<float> ref(x.size(), 0.0f);
+    a.out = ref.data();
+    experts_reference(a);
+    auto run = [&](const CudaOptions& o) {
+      std::vector<float> out(x.size(), 0.0f);
+      a.out = out.data();
+      experts_cuda(a, o);
+      return out;
+    };
+    const bool fp8 = s.weight == WeightFormat::Fp8E4M3;
+    for (int bt : {64, 128})
+      for (int tma : {2, 0})
+        for (int ks : {0, 3})
+          for (int f8k : fp8 ? std::vector<int>{0, 1, 2} : std::vector<int>{0}) {
+            CudaOptions o;
+            o.token_tile = bt;
+            o.tma = tma;
+            o.ksplit = ks;
+            if (f8k > 0) {
+              o.fp8_mma = true;
+              o.fp8_kernel = f8k;
+            }
+            const std::string what = std::string(s.name) + " tile " + std::to_string(bt) + " tma " + std::to_string(tma) +
+                                     " ksplit " + std::to_string(ks) + (f8k ? " e4m3 ws" + std::to_string(f8k) : "");
+            o.persist = 0;
+            const std::vector<float> one = run(o);
+            for (int persist : {3, 1}) {
+              o.persist = persist;
+              const std::vector<float> got = run(o);
+              EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
+                  << what << ": persist " << persist << " differs from one CTA per item";
+              ++compared;
+            }
+            Result r;
+            r.gpu = one;
+            r.ref = ref;
+            r.rel = rel_l2(one, ref);
+            if (f8k > 0) EXPECT_LE(r.rel, kBf16) << what;
+            else EXPECT_LE(r.rel, act_is_quantized(s.act) ? 1e-2 : kExact) << what;
+          }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 // Every kernel that reads align's outputs must wait for align (launch.cuh's contract). With align
 // held back for 200 µs after it lets its dependants start, a GEMM that read the tile lists before
 // its own wait would read a fresh layer's zeros (no tiles) and leave its output unwritten, as
