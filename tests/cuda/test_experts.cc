@@ -665,24 +665,29 @@ TEST(CudaExperts, WgmmaTilesEveryScheme) {
   }
 }
 
+// Top-1 routing with counts[e] tokens on expert e (H = 576, I = 320), the slots shuffled.
+Problem tokens_per_expert(const std::vector<int>& counts, uint32_t shuffle_seed) {
+  Problem pb;
+  pb.K = 1;
+  pb.E = static_cast<int>(counts.size());
+  pb.H = 576;
+  pb.I = 320;
+  pb.T = 0;
+  for (int e = 0; e < pb.E; ++e) {
+    for (int i = 0; i < counts[static_cast<size_t>(e)]; ++i) pb.forced_ids.push_back(e);
+    pb.T += counts[static_cast<size_t>(e)];
+  }
+  std::shuffle(pb.forced_ids.begin(), pb.forced_ids.end(), std::mt19937(shuffle_seed));
+  return pb;
+}
+
 // The wgmma kernels narrow a tile's MMAs to its tokens rounded up to 32 (wg_fit_n): experts of
 // 20 … 128 tokens put 64- and 128-token tiles in every width (32, 64, 96, 128), each width's rows
 // more than the T / 16 rows that quantized activations may flip, on both wgmma kernels (tma 0:
 // gemm_wg_kernel; the default: gemm_ws_kernel where its TMA is built).
 TEST(CudaExperts, MmaWidthFollowsTileTokens) {
   SKIP_WITHOUT_GPU();
-  const int counts[] = {20, 31, 33, 64, 65, 96, 97, 128};
-  Problem pb;
-  pb.K = 1;
-  pb.E = 8;
-  pb.H = 576;
-  pb.I = 320;
-  pb.T = 0;
-  for (int e = 0; e < pb.E; ++e) {
-    for (int i = 0; i < counts[e]; ++i) pb.forced_ids.push_back(e);
-    pb.T += counts[e];
-  }
-  std::shuffle(pb.forced_ids.begin(), pb.forced_ids.end(), std::mt19937(5));
+  const Problem pb = tokens_per_expert({20, 31, 33, 64, 65, 96, 97, 128}, 5);
   for (const auto& s : all_schemes())
     for (int bt : {64, 128})
       for (int tma : {0, 1}) {
@@ -703,18 +708,7 @@ TEST(CudaExperts, MmaWidthFollowsTileTokens) {
 // without TMA (bf16 weights, hi + lo); FP8 runs its e4m3 kernels with one and two weight tiles.
 TEST(CudaExperts, PersistentKernelsMatchOneCtaPerItem) {
   SKIP_WITHOUT_GPU();
-  const int counts[] = {0, 1, 63, 64, 65, 129, 200, 7};
-  Problem pb;
-  pb.K = 1;
-  pb.E = 8;
-  pb.H = 576;
-  pb.I = 320;
-  pb.T = 0;
-  for (int e = 0; e < pb.E; ++e) {
-    for (int i = 0; i < counts[e]; ++i) pb.forced_ids.push_back(e);
-    pb.T += counts[e];
-  }
-  std::shuffle(pb.forced_ids.begin(), pb.forced_ids.end(), std::mt19937(11));
+  const Problem pb = tokens_per_expert({0, 1, 63, 64, 65, 129, 200, 7}, 11);
   int compared = 0;
   for (const auto& s : all_schemes()) {
     if (small() && std::string(s.name) != "w_mxfp4_a_mxfp4" && std::string(s.name) != "unquantized" &&
