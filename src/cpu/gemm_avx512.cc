@@ -35,17 +35,32 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
     // block-factor decoders keep the interleaved rows (MXFP6 0.92–0.97× this way; bench/RESULTS.md
     // 2026-12-05 late).
     if (pf.base != nullptr) {
+      // U steps per iteration into U · V accumulators: a single vdpbf16ps chain per row (V = 1:
+      // bf16 and FP8 weights) waited on the instruction's latency every 32 weights.
+      constexpr int U = V >= 4 ? 1 : 4 / V;
       for (int i = 0; i < kNR; ++i) {
-        __m512 a[V];
-        for (int v = 0; v < V; ++v) a[v] = _mm512_setzero_ps();
-        for (int k = 0; k < kend; k += D::kStep) {
+        __m512 a[U * V];
+        for (int v = 0; v < U * V; ++v) a[v] = _mm512_setzero_ps();
+        int k = 0;
+        for (; k + U * D::kStep <= kend; k += U * D::kStep) {
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) {
+            const int ku = k + u * D::kStep;
+            row_stream_prefetch(dec, i, ku);
+            __m512i w[V];
+            dec.load(i, ku, w);
+#pragma GCC unroll 2
+            for (int v = 0; v < V; ++v) a[u * V + v] = dpbf16(a[u * V + v], w[v], _mm512_loadu_si512(act[0] + ku + 32 * v));
+          }
+        }
+        for (; k < kend; k += D::kStep) {
           row_stream_prefetch(dec, i, k);
           __m512i w[V];
           dec.load(i, k, w);
 #pragma GCC unroll 2
           for (int v = 0; v < V; ++v) a[v] = dpbf16(a[v], w[v], _mm512_loadu_si512(act[0] + k + 32 * v));
         }
-        for (int v = 1; v < V; ++v) a[0] = _mm512_add_ps(a[0], a[v]);
+        for (int v = 1; v < U * V; ++v) a[0] = _mm512_add_ps(a[0], a[v]);
         acc[0][i] = a[0];
       }
       _mm_storeu_ps(res[0], hsum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
