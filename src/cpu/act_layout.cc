@@ -299,13 +299,15 @@ void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row) {
   if (l.bcorr_off == 0) return;
   const int32_t* corr = reinterpret_cast<const int32_t*>(row + l.corr_off);
   int32_t* bc = reinterpret_cast<int32_t*>(row + l.bcorr_off);
-  // A block's stored positions come in runs of 4 (an MX block: 2 × 16, an NVFP4 block: 2 × 8).
+  // A block's even elements are stored at block / 2 consecutive positions from that of its first
+  // element, its odd ones 32 further (the fp4 order): two runs of block / 8 per-4 words (an MX block
+  // 2 × 4, an NVFP4 block 2 × 2). (Per element through act_value_position this loop was ~1/3 of the
+  // MXFP4 row quantizer's time.)
+  const int run = l.block / 8;
   for (int b = 0; b < l.nblocks; ++b) {
+    const int q = fp4_value_position(b * l.block) / 4;
     int32_t sum = 0;
-    for (int e = b * l.block; e < (b + 1) * l.block; e += 2) {
-      const int p = act_value_position(l, e);  // even element; its odd partner is at p + 32
-      if (p % 4 == 0) sum += corr[p / 4] + corr[(p + 32) / 4];
-    }
+    for (int j = 0; j < run; ++j) sum += corr[q + j] + corr[q + 8 + j];
     bc[b] = sum;
   }
 }
