@@ -532,6 +532,40 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
   }
 }
 
+// fp8_e4m3_round (the NVFP4 quantizers' block-scale rounding, by bit operations) equals the codec,
+// fp8_e4m3_decode(fp8_e4m3_encode(v)), bit for bit: every float of the binades where the e4m3 grid
+// changes (2^-10 … 2^-5: subnormals to normals; 2^8, 2^9: saturation at 448), the ties of the 3-bit
+// grid and their neighbours in every binade from 2^-9 to 2^10, a sample of all floats, ±0, ±Inf,
+// NaN and fp32 subnormals — both signs.
+TEST(OptimizedUnits, E4m3RoundMatchesTheCodec) {
+  auto check = [](uint32_t bits) {
+    float v;
+    std::memcpy(&v, &bits, 4);
+    const float got = fp8_e4m3_round(v), want = fp8_e4m3_decode(fp8_e4m3_encode(v));
+    uint32_t g, w;
+    std::memcpy(&g, &got, 4);
+    std::memcpy(&w, &want, 4);
+    if (std::isnan(want)) return std::isnan(got);
+    return g == w;
+  };
+  int64_t n = 0, bad = 0;
+  auto run = [&](uint32_t bits) {
+    ++n;
+    if (!check(bits) && bad++ < 5) ADD_FAILURE() << "bits 0x" << std::hex << bits;
+  };
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (int e : {-10, -9, -8, -7, -6, -5, 8, 9})  // every fraction
+      for (uint32_t f = 0; f < (1u << 23); f += sign ? 7u : 1u) run(sign | (static_cast<uint32_t>(e + 127) << 23) | f);
+    for (int e = -9; e <= 10; ++e)  // ties of the 3-bit grid and their neighbours, every high fraction
+      for (uint32_t hi = 0; hi < 8; ++hi)
+        for (uint32_t d : {0x7FFFFu, 0x80000u, 0x80001u, 0xFFFFFu, 0u, 1u})
+          run(sign | (static_cast<uint32_t>(e + 127) << 23) | (hi << 20) | d);
+    for (uint32_t x = 0; x < 0x7F800000u; x += 4099u) run(sign | x);  // a sample of everything
+    for (uint32_t x : {0u, 1u, 0x7FFFFFu, 0x800000u, 0x7F7FFFFFu, 0x7F800000u, 0x7FC00000u, 0x7F800001u}) run(sign | x);
+  }
+  EXPECT_EQ(bad, 0) << "of " << n;
+}
+
 // Gated activations: within 1 ulp of the reference (which rounds a double result once).
 TEST(OptimizedUnits, ActivationsMatchReference) {
   std::mt19937 rng(3);
