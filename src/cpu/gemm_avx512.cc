@@ -41,25 +41,19 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
       for (int i = 0; i < kNR; ++i) {
         __m512 a[U * V];
         for (int v = 0; v < U * V; ++v) a[v] = _mm512_setzero_ps();
-        int k = 0;
-        for (; k + U * D::kStep <= kend; k += U * D::kStep) {
-#pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) {
-            const int ku = k + u * D::kStep;
-            row_stream_prefetch(dec, i, ku);
-            __m512i w[V];
-            dec.load(i, ku, w);
-#pragma GCC unroll 2
-            for (int v = 0; v < V; ++v) a[u * V + v] = dpbf16(a[u * V + v], w[v], _mm512_loadu_si512(act[0] + ku + 32 * v));
-          }
-        }
-        for (; k < kend; k += D::kStep) {
+        // One step at k into the accumulators from a + u · V.
+        auto step = [&](int k, int u) __attribute__((always_inline)) {
           row_stream_prefetch(dec, i, k);
           __m512i w[V];
           dec.load(i, k, w);
 #pragma GCC unroll 2
-          for (int v = 0; v < V; ++v) a[v] = dpbf16(a[v], w[v], _mm512_loadu_si512(act[0] + k + 32 * v));
-        }
+          for (int v = 0; v < V; ++v) a[u * V + v] = dpbf16(a[u * V + v], w[v], _mm512_loadu_si512(act[0] + k + 32 * v));
+        };
+        int k = 0;
+        for (; k + U * D::kStep <= kend; k += U * D::kStep)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) step(k + u * D::kStep, u);
+        for (; k < kend; k += D::kStep) step(k, 0);
         for (int v = 1; v < U * V; ++v) a[0] = _mm512_add_ps(a[0], a[v]);
         acc[0][i] = a[0];
       }
