@@ -263,8 +263,10 @@ int mx_shared_exponent_of(float amax, int elem, int mode) {
   return mx_shared_exponent(amax, static_cast<MxElem>(elem), static_cast<MxScaleMode>(mode));
 }
 // decode(encode(v)) by bit operations: formats.h's encoder and decoder go through frexpf / ldexpf /
-// rintf, which took about half the NVFP4 row quantizer's time (one call per 16-block). Equal to
-// them for every float (tests/cpu/test_optimized_units.cc, E4m3RoundMatchesTheCodec).
+// rintf, which took about half the NVFP4 row quantizer's time (one call per 16-block). The rule is
+// round_minifloat's (simd/quant.h) for one value, with the codec's NaN (kept, where round_minifloat
+// saturates it) and no −0. Equal to the codec for every float (tests/cpu/test_optimized_units.cc,
+// E4m3RoundMatchesTheCodec).
 float fp8_e4m3_round(float v) {
   if (v != v) return fp8_e4m3_decode(0x7F);  // NaN
   const float a = std::fabs(v);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -458,37 +459,33 @@ static void check_row_sizes(const CudaExperts::Impl& m) {
                 std::to_string(m.smem_optin) + " bytes per block (H, I ≤ " + std::to_string(m.smem_optin / 4) + ")");
 }
 
+// A CudaOptions choice that is -1: environment variable `env`, value i spelled names[i] (unset or
+// empty: dflt); any other spelling is an error listing `expected`.
+static int env_choice(const char* env, std::initializer_list<const char*> names, int dflt, const char* expected) {
+  const char* v = std::getenv(env);
+  if (v == nullptr || *v == '\0') return dflt;
+  int i = 0;
+  for (const char* n : names) {
+    if (std::strcmp(v, n) == 0) return i;
+    ++i;
+  }
+  throw Error(std::string(env) + "='" + v + "': expected " + expected);
+}
+
 // CudaOptions::fp8_kernel: -1 reads env QMOE_CUDA_F8 (wg | ws1 | ws2; unset: ws2).
 static int resolve_fp8_kernel(int k) {
   if (k < -1 || k > 2) throw Error("CUDA experts: fp8_kernel must be -1, 0, 1 or 2, got " + std::to_string(k));
-  if (k >= 0) return k;
-  const char* v = std::getenv("QMOE_CUDA_F8");
-  if (v == nullptr || *v == '\0') return 2;
-  if (std::strcmp(v, "wg") == 0) return 0;
-  if (std::strcmp(v, "ws1") == 0) return 1;
-  if (std::strcmp(v, "ws2") == 0) return 2;
-  throw Error(std::string("QMOE_CUDA_F8='") + v + "': expected wg, ws1 or ws2");
+  return k >= 0 ? k : env_choice("QMOE_CUDA_F8", {"wg", "ws1", "ws2"}, 2, "wg, ws1 or ws2");
 }
 
 static int resolve_tma(int t) {
   if (t < -1 || t > 4) throw Error("CUDA experts: tma must be -1 … 4, got " + std::to_string(t));
-  if (t >= 0) return t;
-  const char* v = std::getenv("QMOE_CUDA_TMA");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "all") == 0) return 2;
-  if (std::strcmp(v, "128") == 0) return 3;
-  if (std::strcmp(v, "all128") == 0) return 4;
-  throw Error(std::string("QMOE_CUDA_TMA='") + v + "': expected 0, 1, all, 128 or all128");
+  return t >= 0 ? t : env_choice("QMOE_CUDA_TMA", {"0", "1", "all", "128", "all128"}, 1, "0, 1, all, 128 or all128");
 }
 
 static int resolve_persist(int p) {
   if (p < -1) throw Error("CUDA experts: persist must be -1, 0, 1 or a CTA count ≥ 2, got " + std::to_string(p));
-  if (p >= 0) return p;
-  const char* v = std::getenv("QMOE_CUDA_PERSIST");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  throw Error(std::string("QMOE_CUDA_PERSIST='") + v + "': expected 0 or 1");
+  return p >= 0 ? p : env_choice("QMOE_CUDA_PERSIST", {"0", "1"}, 1, "0 or 1");
 }
 
 static void init_common(CudaExperts::Impl& m, const SchemeInfo& s, const ActivationSpec& act, const CudaOptions& opt) {
