@@ -532,7 +532,7 @@ void launch_gemm_tile(bool wg, const GemmArgs& a, dim3 grid, cudaStream_t s) {
     if (wg) {
       if constexpr (ws_built<WF, SPLIT, BT>()) {
         const WsMode m = ws_mode();
-        if (a.a_tma || m == WsMode::All || (m == WsMode::Default && ws_default<WF, SPLIT, BT>())) {
+        if (a.a_tma || m == WsMode::All || (m == WsMode::Default && ws_default<WF, SPLIT, BT>(a.persist > 0))) {
           launch_gemm_ws<WF, SPLIT, BT>(a, grid, s);
           return;
         }

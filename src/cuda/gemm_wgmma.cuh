@@ -934,8 +934,9 @@ constexpr bool ws_built() {
   return C::kSupported && C::kWG == 2 && (BT == 64 || BT == 128);
 }
 template <WFmt WF, bool SPLIT, int BT>
-constexpr bool ws_default() {
+constexpr bool ws_default(bool persistent) {
   using C = WgCfg<WF, SPLIT, BT>;
+  if (persistent) return ws_built<WF, SPLIT, BT>() && !C::kInt8;
   return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8 && SPLIT && BT == 128;
 }
 
