@@ -928,6 +928,10 @@ __device__ __forceinline__ void ws_consume_items(WsItems<BT>& q, const Body& bod
 // NVFP4 0.90–0.94x, FP8 0.96–1.0x) and INT8 (0.98–1.0x) stay on gemm_wg_kernel unless their
 // activation tiles come by TMA (GemmArgs::a_tma: then every format it is built for runs here, the
 // faster choice, bench/RESULTS.md 2026-12-05 night) or QMOE_CUDA_WS=all (gemm.cuh ws_mode) asks.
+// Persistent (GemmArgs::persist > 0, the default) it is the faster kernel for every format but INT8,
+// with or without TMA: the next item's stages load while the last one's epilogue runs (H100, qwen3-30b-a3b
+// T = 1024: 1.05-1.06x on the 4-bit and bf16 schemes, INT8 0.97-1.02x; bench/RESULTS.md 2026-12-06,
+// session 41).
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_built() {
   using C = WgCfg<WF, SPLIT, BT>;
