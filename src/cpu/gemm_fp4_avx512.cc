@@ -204,10 +204,11 @@ void gemm_fp4_tile(const GemmArgs& a, int n0, bool next_tile) {
   }
 }
 
-// Tokens per expert from which the tile kernel is used.
-// (measured crossover on Zen 4: 8–10 tokens at K = 2048, lower at K = 2880, where the per-tile decode
-// and transpose stop dominating).
-constexpr int kTileMinTokens = 8;
+// Tokens per expert from which the tile kernel is used. Measured on Zen 4 (2 threads, whole layers,
+// bench/RESULTS.md 2026-12-06, session 41): with the next tile prefetched the crossover fell from 8–10
+// tokens to 3–4: qwen3-30b-a3b W4A4 T = 64 23.1–25.6 → 17.6–19.4 ms at 4 (3: level with 4, 10: slower),
+// gpt-oss-20b W4A4 T = 32 / 64 30.1–30.4 / 38.8–40.1 → 23.1–25.8 / 33.0–32.7, NVFP4 1.1–1.2x.
+constexpr int kTileMinTokens = 4;
 
 
 template <bool kMx>
