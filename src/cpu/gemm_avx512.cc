@@ -177,7 +177,15 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
         dec.load(i, k, wv);
         for (int v = 0; v < D::kStep / 32; ++v) _mm512_storeu_si512(buf + static_cast<int64_t>(i) * ld + k + 32 * v, wv[v]);
       }
-    const BDecBuf bdec{buf, ld};
+    BDecBuf bdec{buf, ld};
+    // The next row block into L2 while the first token group reads this one, on top of the decode
+    // pass's own sweep (which replaced by it was slower, bench/RESULTS.md 2026-12-06 session 40): Zen 4,
+    // 2 threads, bf16 weights, qwen3-30b-a3b T = 64 / 128 1.07x / 1.09x, gpt-oss-20b T = 128 1.04x.
+    if (n0 + 2 * kNR <= a.row1) {
+      bdec.next = w.data + static_cast<int64_t>(n0 + kNR) * w.row_bytes;
+      const int64_t lines = (kNR * w.row_bytes + 63) / 64, steps = kend / BDecBuf::kStep;
+      bdec.per_step = static_cast<int>((lines + steps - 1) / steps);
+    }
     // Token groups of ≤ kNT tokens; their vrows in runs of ≤ kNT.
     int v0 = 0;
     for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
@@ -189,6 +197,7 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       for (int v = v0; v < v1; v += kNT) {
         const int nv = v1 - v < kNT ? v1 - v : kNT;
         bf16_group(bdec, Prefetch<kNR>{}, vr.ptr + v, nv, kend, res);
+        bdec.next = nullptr;  // the first group's sweep covers the next block
         for (int q = 0; q < nv; ++q)
           for (int i = 0; i < kNR; ++i) dot[vr.tok[v + q] - j0][i] += static_cast<double>(res[q][i]);
       }
