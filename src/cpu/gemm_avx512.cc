@@ -181,11 +181,9 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
     // The next row block into L2 while the first token group reads this one, on top of the decode
     // pass's own sweep (which replaced by it was slower, bench/RESULTS.md 2026-12-06 session 40): Zen 4,
     // 2 threads, bf16 weights, qwen3-30b-a3b T = 64 / 128 1.07x / 1.09x, gpt-oss-20b T = 128 1.04x.
-    if (n0 + 2 * kNR <= a.row1) {
-      bdec.next = w.data + static_cast<int64_t>(n0 + kNR) * w.row_bytes;
-      const int64_t lines = (kNR * w.row_bytes + 63) / 64, steps = kend / BDecBuf::kStep;
-      bdec.per_step = static_cast<int>((lines + steps - 1) / steps);
-    }
+    if (n0 + 2 * kNR <= a.row1)
+      bdec.next = SpreadPrefetch::over(w.data + static_cast<int64_t>(n0 + kNR) * w.row_bytes, kNR * w.row_bytes,
+                                       kend / BDecBuf::kStep);
     // Token groups of ≤ kNT tokens; their vrows in runs of ≤ kNT.
     int v0 = 0;
     for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
@@ -197,7 +195,7 @@ void run_bf16(const GemmArgs& a, Make make_dec, int scale_cols, int smin, int sm
       for (int v = v0; v < v1; v += kNT) {
         const int nv = v1 - v < kNT ? v1 - v : kNT;
         bf16_group(bdec, Prefetch<kNR>{}, vr.ptr + v, nv, kend, res);
-        bdec.next = nullptr;  // the first group's sweep covers the next block
+        bdec.next = {};  // the first group's sweep covers the next block
         for (int q = 0; q < nv; ++q)
           for (int i = 0; i < kNR; ++i) dot[vr.tok[v + q] - j0][i] += static_cast<double>(res[q][i]);
       }

@@ -108,19 +108,16 @@ inline void block_dwords(int j, int* q, int& nq) {
   }
 }
 
-// pf, pf_per_chunk: lines to prefetch into L2 per 64-chunk, from pf on (the next tile, during the
-// first token group; gemm_fp4_tile).
+// next: prefetched over the 64-chunks (the next tile, during the first token group; gemm_fp4_tile).
 template <bool kMx, int NT>
 void tile_tokens(const __m512i* wbuf, const float* wsv, int K, int nblocks, const uint8_t* const* act, const ActLayout& l,
-                 __m512* out, const uint8_t* pf = nullptr, int pf_per_chunk = 0) {
+                 __m512* out, const SpreadPrefetch& next) {
   __m512 accf[NT];
   for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
   const int bpc = kMx ? 2 : 4;  // blocks per 64-chunk
   for (int k = 0, c = 0; k < K; k += 64, ++c) {
     const __m512i* W = wbuf + static_cast<int64_t>(c) * 16;
-    if (pf != nullptr)
-      for (int i = 0; i < pf_per_chunk; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * (c * pf_per_chunk + i)), _MM_HINT_T1);
+    next.at(c);
     for (int j = 0; j < bpc; ++j) {
       const int b = c * bpc + j;
       if (b >= nblocks) break;
@@ -146,7 +143,6 @@ void tile_tokens(const __m512i* wbuf, const float* wsv, int K, int nblocks, cons
 }
 
 // Rows [n0, n0 + 16) for all tokens through the tile kernel.
-
 template <bool kMx>
 void gemm_fp4_tile(const GemmArgs& a, int n0, bool next_tile) {
   const ActLayout& l = *a.layout;
@@ -164,31 +160,30 @@ void gemm_fp4_tile(const GemmArgs& a, int n0, bool next_tile) {
   }
   const __m512i lane_of_row = _mm512_load_si512(lor);
   const __m512 bias = _mm512_load_ps(bv);
+  // The next tile's 16 rows (contiguous, 16 KB at K = 2048) and block scales are prefetched into
+  // L2 while the first token group computes, spread over its chunks: tile_decode otherwise met
+  // them from DRAM, 16 row streams at once, with the vector units idle (a third of the tile
+  // kernel's samples sat on its loads). Zen 4, 2 threads, qwen3-30b-a3b W4A4 T = 128: 40.5–40.7 →
+  // 30.8–30.9 ms; T = 512 1.20–1.23x, gpt-oss-20b T = 512 1.14x (bench/RESULTS.md 2026-12-06,
+  // session 41). T0 was slower (34.7–35.3 ms), T2 level with T1.
+  SpreadPrefetch next{};
+  if (next_tile) {
+    next = SpreadPrefetch::over(w.data + static_cast<int64_t>(n0 + 16) * w.row_bytes, 16 * w.row_bytes, chunks);
+    const uint8_t* sc = w.scales + static_cast<int64_t>(n0 + 16) * l.nblocks;
+    for (int64_t o = 0; o < 16 * static_cast<int64_t>(l.nblocks); o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(sc + o), _MM_HINT_T1);
+  }
   for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
     const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
     const uint8_t* act[kNT];
     for (int t = 0; t < nt; ++t) act[t] = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
     __m512 res[kNT];
-    // The next tile's 16 rows (contiguous, 16 KB at K = 2048) and block scales are prefetched into
-    // L2 while the first token group computes, spread over its chunks: tile_decode otherwise met
-    // them from DRAM, 16 row streams at once, with the vector units idle (a third of the tile
-    // kernel's samples sat on its loads). Zen 4, 2 threads, qwen3-30b-a3b W4A4 T = 128: 40.5–40.7 →
-    // 30.8–30.9 ms; T = 512 1.20–1.23x, gpt-oss-20b T = 512 1.14x (bench/RESULTS.md 2026-12-06,
-    // session 41). T0 was slower (34.7–35.3 ms), T2 level with T1.
-    const uint8_t* pf = nullptr;
-    int ppc = 0;
-    if (j0 == 0 && next_tile) {
-      pf = w.data + static_cast<int64_t>(n0 + 16) * w.row_bytes;
-      ppc = static_cast<int>((16 * w.row_bytes + 63) / 64 + chunks - 1) / chunks;
-      const uint8_t* sc = w.scales + static_cast<int64_t>(n0 + 16) * l.nblocks;
-      for (int64_t o = 0; o < 16 * static_cast<int64_t>(l.nblocks); o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(sc + o), _MM_HINT_T1);
-    }
+    const SpreadPrefetch pf = j0 == 0 ? next : SpreadPrefetch{};
     switch (nt) {
-      case 1: tile_tokens<kMx, 1>(wbuf, wsv, K, l.nblocks, act, l, res, pf, ppc); break;
-      case 2: tile_tokens<kMx, 2>(wbuf, wsv, K, l.nblocks, act, l, res, pf, ppc); break;
-      case 3: tile_tokens<kMx, 3>(wbuf, wsv, K, l.nblocks, act, l, res, pf, ppc); break;
-      default: tile_tokens<kMx, 4>(wbuf, wsv, K, l.nblocks, act, l, res, pf, ppc); break;
+      case 1: tile_tokens<kMx, 1>(wbuf, wsv, K, l.nblocks, act, l, res, pf); break;
+      case 2: tile_tokens<kMx, 2>(wbuf, wsv, K, l.nblocks, act, l, res, pf); break;
+      case 3: tile_tokens<kMx, 3>(wbuf, wsv, K, l.nblocks, act, l, res, pf); break;
+      default: tile_tokens<kMx, 4>(wbuf, wsv, K, l.nblocks, act, l, res, pf); break;
     }
     // Lanes back to row order; the Fp4 kinds have no channel / tensor scale, so the epilogue is
     // y = dot·row_scale (exact: 0.25) + bias, then × router weight — in fp32, the same roundings

@@ -506,9 +506,10 @@ void launch_gemm_t(const GemmArgs& a, dim3 grid, cudaStream_t s) {
 
 namespace qmoe::cuda {
 
-// The warp-specialised wgmma kernel for 128-token tiles (gemm_ws_kernel), QMOE_CUDA_WS: unset or
-// 1 — where it is the faster kernel (ws_default: bf16 weights, hi + lo activations), 0 — never (gemm_wg_kernel
-// everywhere), all — every format it is built for (for measurement).
+// The warp-specialised wgmma kernel (gemm_ws_kernel), QMOE_CUDA_WS: unset or 1 — where it is the
+// faster kernel (ws_default: persistent, every format but INT8; one CTA per item, bf16 weights with hi +
+// lo activations), 0 — never (gemm_wg_kernel everywhere), all — every format it is built for (for
+// measurement).
 enum class WsMode { Off, Default, All };
 inline WsMode ws_mode() {
   static const WsMode m = [] {

@@ -940,8 +940,7 @@ constexpr bool ws_built() {
 template <WFmt WF, bool SPLIT, int BT>
 constexpr bool ws_default(bool persistent) {
   using C = WgCfg<WF, SPLIT, BT>;
-  if (persistent) return ws_built<WF, SPLIT, BT>() && !C::kInt8;
-  return ws_built<WF, SPLIT, BT>() && C::kSS && !C::kInt8 && SPLIT && BT == 128;
+  return ws_built<WF, SPLIT, BT>() && !C::kInt8 && (persistent || (C::kSS && SPLIT && BT == 128));
 }
 
 template <WFmt WF, bool SPLIT, int BT_>

@@ -196,15 +196,10 @@ struct BDecNvfp4 {
 struct BDecBuf {
   const uint16_t* buf;
   int ld;
-  // The next row block's bytes, prefetched into L2 at `per_step` lines per step while this buffer is
-  // read (null: none; run_bf16).
-  const uint8_t* next = nullptr;
-  int per_step = 0;
+  SpreadPrefetch next{};  // the next row block, into L2 while this buffer is read (run_bf16)
   static constexpr int kStep = 32, kBytes = 0;  // (never prefetched)
   void load(int i, int k, __m512i* w) const {
-    if (i == 0 && next != nullptr)
-      for (int j = 0; j < per_step; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(next + 64 * ((k / kStep) * per_step + j)), _MM_HINT_T1);
+    if (i == 0) next.at(k / kStep);
     w[0] = _mm512_loadu_si512(buf + static_cast<int64_t>(i) * ld + k);
   }
 };

@@ -99,6 +99,24 @@ inline void row_stream_prefetch(const D& dec, int i, int k) {
   row_stream_prefetch<l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0>(dec.rs.row[i] + (k / D::kStep) * D::kBytes);
 }
 
+// A contiguous block (the next weight rows a kernel will decode) prefetched into L2 while the
+// current one computes, spread evenly over the `steps` steps of that pass: at(step) issues the
+// block's lines for that step (none where base is null). Used by the AVX-512 W4A4 tiles and the Bf16
+// kind's row buffer (bench/RESULTS.md 2026-12-06, session 41).
+struct SpreadPrefetch {
+  const uint8_t* base = nullptr;
+  int per_step = 0;  // lines per step
+  static SpreadPrefetch over(const uint8_t* p, int64_t bytes, int steps) {
+    const int64_t lines = (bytes + 63) / 64;
+    return {p, static_cast<int>((lines + steps - 1) / steps)};
+  }
+  void at(int step) const {
+    if (base == nullptr) return;
+    const uint8_t* p = base + int64_t{64} * step * per_step;
+    for (int j = 0; j < per_step; ++j) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * j), _MM_HINT_T1);
+  }
+};
+
 // Software prefetch of a later row block in address order (prefetch_seq).
 template <int NR>
 struct Prefetch {
