@@ -66,11 +66,10 @@ __attribute__((always_inline)) inline __m256i mxfp4w_bytes(const uint8_t* row, i
 }
 
 template <int NT, int NR, bool kFull>
-__attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const float* const* f, const float* const* act,
+__attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act,
                                                        int k, int K, __m256i tlo, __m256i thi, __m256i m4,
                                                        __m256 (&acc)[NT][NR]) {
-  const int c = k >> 6;
-  const __m256i lane_block = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const int b = k >> 5;  // the chunk's first block
   if constexpr (NT == 1) {
     // One token: its chunk loaded once for the NR rows; four partial sums per row (short chains).
     __m256 x[8];
@@ -79,7 +78,7 @@ __attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* row
     for (int i = 0; i < NR; ++i) {
       __m256 w[8];
       mxfp4w_decode(mxfp4w_bytes<kFull>(rows[i], k, K), tlo, thi, m4, w);
-      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+      const __m256 sv = Avx2::w4_weight_scales<true, kFull>(f[i], b, K >> 5);
       __m256 p0 = _mm256_mul_ps(w[0], x[0]);
       __m256 p1 = _mm256_mul_ps(w[1], x[1]);
       __m256 p2 = _mm256_mul_ps(w[2], x[2]);
@@ -95,7 +94,7 @@ __attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* row
     for (int i = 0; i < NR; ++i) {
       __m256 w[8];
       mxfp4w_decode(mxfp4w_bytes<kFull>(rows[i], k, K), tlo, thi, m4, w);
-      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f[i] + 2 * c), lane_block);
+      const __m256 sv = Avx2::w4_weight_scales<true, kFull>(f[i], b, K >> 5);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
         const float* x = act[t] + k;
@@ -119,7 +118,7 @@ inline __m256i mxfp4w_table(const int8_t* t) {
 
 // NR rows (the first `nr` of `rows` / `f` real) × NT tokens; res[t][i] for i < NR.
 template <int NT, int NR>
-void mxfp4w_kernel(const uint8_t* const* rows, const float* const* f, const float* const* act, int K, int64_t pf_dist,
+void mxfp4w_kernel(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act, int K, int64_t pf_dist,
                    float (*res)[kFp4Rows]) {
   const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -153,18 +152,15 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
   const int K = w.cols;
   const ActLayout& l = *a.layout;
   const int nb = K / 32;
-  const int ld = (nb + 16 + 15) / 16 * 16;
   const int kch = (K + 63) / 64 * 64;  // ≤ k_pad
   const int rows_per_pass = a.ntok == 1 ? kFp4Rows : kNR;
   const int tile = a.ntok < kMxfp4wTile ? a.ntok : kMxfp4wTile;
-  float* factors = static_cast<float*>(thread_scratch_buffer(
-      1, sizeof(float) * (kFp4Rows * static_cast<size_t>(ld) + static_cast<size_t>(tile) * static_cast<size_t>(kch))));
-  float* xperm = factors + kFp4Rows * ld;
+  float* xperm = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * static_cast<size_t>(tile) * static_cast<size_t>(kch)));
   float* buf = tile > kNT ? static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kch))) : nullptr;
   const int64_t pf_dist = prefetch_distance(rows_per_pass * w.row_bytes);
   const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i lane_block = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const float* e8 = e8m0_table();
   for (int t0 = 0; t0 < a.ntok; t0 += kMxfp4wTile) {
     const int ntt = a.ntok - t0 < kMxfp4wTile ? a.ntok - t0 : kMxfp4wTile;
     for (int t = 0; t < ntt; ++t) {
@@ -177,13 +173,11 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
     for (int n0 = a.row0; n0 < a.row1; n0 += rows_per_pass) {
       const int nr = a.row1 - n0 < rows_per_pass ? a.row1 - n0 : rows_per_pass;
       const uint8_t* rows[kFp4Rows];
-      const float* hf[kFp4Rows];
+      Avx2::MxRow hf[kFp4Rows];  // rows past nr repeat the last one
       for (int i = 0; i < rows_per_pass; ++i) {
         const int n = n0 + (i < nr ? i : nr - 1);
         rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
-        float* f = factors + i * ld;
-        if (i < nr) Avx2::w4_mx_factors(w.scales + static_cast<int64_t>(n) * nb, nb, f);
-        hf[i] = i < nr ? f : hf[nr - 1];
+        hf[i] = {w.scales + static_cast<int64_t>(n) * nb, e8};
       }
       if (ntt <= kNT) {
         const float* act[kNT];
@@ -208,7 +202,7 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
           __m256 wv[8];
           const __m256i bytes = k + 64 <= K ? mxfp4w_bytes<true>(rows[i], k, K) : mxfp4w_bytes<false>(rows[i], k, K);
           mxfp4w_decode(bytes, tlo, thi, m4, wv);
-          const __m256 sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(hf[i] + 2 * (k >> 6)), lane_block);
+          const __m256 sv = Avx2::w4_weight_scales<true, false>(hf[i], k >> 5, nb);
           for (int j = 0; j < 8; ++j) _mm256_storeu_ps(b + k + 8 * j, _mm256_mul_ps(wv[j], sv));
         }
       }

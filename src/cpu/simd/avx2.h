@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/kernel_iface.h"
 #include "cpu/simd/common.h"
@@ -357,41 +358,41 @@ struct Avx2 {
     const __m256i lane_block = kMx ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), lane_block);
   }
-  // A weight row's block factors: a per-row buffer (w4_mx_factors / w4_nv_factors), per lane as
-  // the activation's.
+  // A weight row's block factors, per lane as the activation's. MX: read from the row's E8M0
+  // bytes through e8m0_table() at each chunk (two broadcast loads and an insert), as on AVX-512: the
+  // per-row factor buffer it replaces cost 11 % of the one-token GEMM at K = 2048 and 18 % at 768
+  // (Zen 3, one core; bench/RESULTS.md 2026-12-06, session 42). NVFP4: a per-row buffer
+  // (w4_nv_factors).
+  struct MxRow {
+    const uint8_t* sc;  // the row's E8M0 bytes
+    const float* e8;    // e8m0_table()
+  };
   template <bool kMx>
-  using W4Factors = const float*;
+  using W4Factors = std::conditional_t<kMx, MxRow, const float*>;
   template <bool kMx>
   static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
-    if (kMx) w4_mx_factors(sc, nb, buf);
-    else w4_nv_factors(sc, nb, ws2, buf);
-    return buf;
+    if constexpr (kMx) {
+      return MxRow{sc, e8m0_table()};
+    } else {
+      w4_nv_factors(sc, nb, ws2, buf);
+      return buf;
+    }
   }
   template <bool kMx, bool kFull>
-  static F w4_weight_scales(const float* f, int b, int /*nb*/) {
-    return w4_lane_scales<kMx>(f + b);
+  static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
+    if constexpr (kMx) {
+      const float fb = (!kFull && b + 1 >= nb) ? 0.0f : f.e8[f.sc[b + 1]];
+      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(f.e8[f.sc[b]])), _mm_set1_ps(fb), 1);
+    } else {
+      return w4_lane_scales<kMx>(f + b);
+    }
   }
   static I w4_dot(const W4& w, const W4A& a, I corr) {
     const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, a.lo), _mm256_maddubs_epi16(w.hi, a.hi));
     return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr);
   }
   static F cvt_i32(I v) { return _mm256_cvtepi32_ps(v); }
-  // Per-block weight factors of one row, then 16 zeros: MX 2^(s−127) (E8M0 bytes as fp32 bits:
-  // s << 23; 0 → 2^−127 = 0x00400000, 255 → the quiet NaN 0x7FC00000, e8m0_decode's values);
-  // NVFP4 fp8(s)·ws2.
-  static void w4_mx_factors(const uint8_t* sc, int nb, float* f) {
-    const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255), fix = _mm256_set1_epi32(0x00400000);
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-      const __m256i s = _mm256_cvtepu8_epi32(load8(sc + b));
-      const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(s, zero), _mm256_cmpeq_epi32(s, ff));
-      const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(s, 23), _mm256_and_si256(special, fix));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + b), bits);
-    }
-    const float* e8 = e8m0_table();
-    for (; b < nb; ++b) f[b] = e8[sc[b]];
-    for (int z = 0; z < 16; ++z) f[nb + z] = 0.0f;
-  }
+  // NVFP4's per-block weight factors of one row, fp8(s)·ws2, then 16 zeros.
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
     const float* table = fp8_e4m3_table();
     for (int b = 0; b < nb; ++b) f[b] = table[sc[b]] * ws2;
