@@ -359,10 +359,10 @@ struct Avx2 {
     return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), lane_block);
   }
   // A weight row's block factors, per lane as the activation's. MX: read from the row's E8M0
-  // bytes through e8m0_table() at each chunk (two broadcast loads and an insert), as on AVX-512: the
-  // per-row factor buffer it replaces cost 11 % of the one-token GEMM at K = 2048 and 18 % at 768
-  // (Zen 3, one core; bench/RESULTS.md 2026-12-06, session 42). NVFP4: a per-row buffer
-  // (w4_nv_factors).
+  // bytes through e8m0_table() at each chunk (two broadcast loads and an insert), as on AVX-512,
+  // rather than a per-row factor buffer filled first: one token, one core, Zen 3, K × N = 768 × 2048
+  // W4A4 77–79 → 69–70 µs, W4A16 120 → 104 µs; 2048 × 1536 W4A4 level, W4A16 214 → 194 µs
+  // (bench/RESULTS.md 2026-12-06, session 42). NVFP4: a per-row buffer (w4_nv_factors).
   struct MxRow {
     const uint8_t* sc;  // the row's E8M0 bytes
     const float* e8;    // e8m0_table()
