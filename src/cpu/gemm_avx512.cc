@@ -43,7 +43,7 @@ void bf16_kernel(const D& dec, const Prefetch<kNR>& pf, const uint16_t* const* a
         for (int v = 0; v < U * V; ++v) a[v] = _mm512_setzero_ps();
         // One step at k into the accumulators from a + u · V.
         auto step = [&](int k, int u) __attribute__((always_inline)) {
-          row_stream_prefetch(dec, i, k);
+          row_stream_prefetch(dec, i, k, pf.row_dist);
           __m512i w[V];
           dec.load(i, k, w);
 #pragma GCC unroll 2

@@ -85,6 +85,7 @@ CpuFeatures read_cpu_features() {
   f.avx512vl = os_avx512 && bit(b, 31);
   f.avx512vnni = os_avx512 && bit(c, 11);
   f.avx512_half_width = f.avx512f && amd && family == 0x19;  // Zen 4 (Zen 3, also 19h, has no AVX-512)
+  f.near_row_prefetch = amd && family == 0x19 && !f.avx512f;  // Zen 3
   f.amx_bf16 = os_amx && bit(d, 22);
   f.amx_tile = os_amx && bit(d, 24);
   f.amx_int8 = os_amx && bit(d, 25);

@@ -31,6 +31,9 @@ struct CpuFeatures {
   // AVX-512 whose 512-bit operations run on 256-bit datapaths (AMD Zen 4: family 19h): a speed fact
   // for dot_kind_for, not a target.
   bool avx512_half_width = false;
+  // AMD family 19h without AVX-512 (Zen 3): the one-row weight streams prefetch 1 KB ahead, not 4 KB
+  // (row_stream_distance, kernel_iface.h). A speed fact, not a target.
+  bool near_row_prefetch = false;
 };
 const CpuFeatures& cpu_features();
 // Whether this CPU (and OS) can run the kernels of `isa`: AVX2 needs AVX2+FMA+F16C; AVX-512 needs

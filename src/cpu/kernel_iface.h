@@ -194,6 +194,12 @@ struct KernelTable {
 };
 
 const KernelTable& kernel_table(Isa isa);
+// Bytes ahead that the one-row weight streams (one token: one row after the other; simd/gemm.h
+// row_stream_prefetch) prefetch: 4 KB (the AMX Xeon: 2 KB was 5–12 % slower, bench/RESULTS.md
+// 2026-12-05 late), 1 KB where CpuFeatures::near_row_prefetch (Zen 3, one core, K = 2048, N = 1536,
+// bf16 weights: 442–495 µs at 4 KB, 324–340 at 1 KB, a plain read of the same rows 299–311;
+// RESULTS 2026-12-06, session 42). Read once.
+int64_t row_stream_distance();
 // Per-target GEMM entry points (gemm_<target>.cc), read by the target's table (quant_<target>.cc).
 void gemm_avx512(const GemmArgs& a);
 void gemm_avx2(const GemmArgs& a);

@@ -209,6 +209,11 @@ const KernelTable& scalar_kernels() {
   return t;
 }
 
+int64_t row_stream_distance() {
+  static const int64_t d = cpu_features().near_row_prefetch ? 1024 : 4096;
+  return d;
+}
+
 const KernelTable& kernel_table(Isa isa) {
   switch (isa) {
     case Isa::Avx2: return avx2_kernels();

@@ -31,7 +31,6 @@ namespace qmoe::cpu {
 namespace {
 
 constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see prefetch_seq)
-constexpr int64_t kRowStreamDist = 4096;  // the one-row streams' distance (f32_kernel, i8_kernel, bf16_kernel; 2 KB measured 5–12 % slower)
 
 // Row-major kernels read kNR rows interleaved, each a short stream, which the hardware
 // prefetchers follow poorly (measured on Zen 4: ~10 GB/s against ~17 GB/s sequential, one core).
@@ -88,15 +87,16 @@ constexpr bool row_stream_of() {
   if constexpr (requires { D::kRowStream; }) return D::kRowStream;
   return l2_prefetch_of<D>();
 }
-// The one-row streams' prefetch: the line kRowStreamDist past p (the row's bytes being read).
+// The one-row streams' prefetch: the line `dist` (row_stream_distance()) past p, the row's bytes
+// being read.
 template <auto kHint>
-inline void row_stream_prefetch(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + kRowStreamDist), kHint);
+inline void row_stream_prefetch(const uint8_t* p, int64_t dist) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + dist), kHint);
 }
 // The same for step k of row slot i of decoder D (into L2 for the plain streams, else L1).
 template <class D>
-inline void row_stream_prefetch(const D& dec, int i, int k) {
-  row_stream_prefetch<l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0>(dec.rs.row[i] + (k / D::kStep) * D::kBytes);
+inline void row_stream_prefetch(const D& dec, int i, int k, int64_t dist) {
+  row_stream_prefetch<l2_prefetch_of<D>() ? _MM_HINT_T1 : _MM_HINT_T0>(dec.rs.row[i] + (k / D::kStep) * D::kBytes, dist);
 }
 
 // A contiguous block (the next weight rows a kernel will decode) prefetched into L2 while the
@@ -122,6 +122,7 @@ template <int NR>
 struct Prefetch {
   const uint8_t* base = nullptr;  // row n0 of the block (null: data already in cache)
   int64_t dist = 0;               // bytes ahead
+  int64_t row_dist = 0;           // the one-row streams' distance (row_stream_distance())
   int q4 = 4;                     // bytes per element × 4 (a constant divisor: no idiv per step)
   // For decoder D's rows (its kStep / kBytes; into L2 where l2_prefetch_of<D>, else into L1).
   template <class D>
@@ -147,6 +148,7 @@ Prefetch<NR> prefetch_of(const WeightView& w, int n0) {
   Prefetch<NR> p;
   p.base = w.data + static_cast<int64_t>(n0) * w.row_bytes;
   p.dist = prefetch_distance(NR * w.row_bytes);
+  p.row_dist = row_stream_distance();
   switch (w.fmt) {
     case WeightFormat::BF16: p.q4 = w.dtype == DType::F32 ? 16 : 8; break;
     case WeightFormat::Mxfp4:
@@ -216,7 +218,11 @@ inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Do
 
 // ---------------------------------------------------------------------------------------------
 // F32 decoders: load(i, k, w) gives the kStep weights [k, k + kStep) of row slot i in activation
-// value order (zeros beyond K) as kStep / T::kLanes vectors.
+// value order (zeros beyond K) as kStep / T::kLanes vectors; load_full the same for a step wholly
+// inside K, with no bounds test. The kernels' steady loops take load_full: a tail path there (its
+// zero-padded copy is a library call on AVX2) had GCC keep the one-token row stream's accumulators
+// on the stack, a store-to-load round trip in every FMA chain (Zen 3, one core, bf16 K = 2048,
+// N = 1536: ~460 → ~300 µs; bench/RESULTS.md 2026-12-06, session 42).
 template <class T>
 struct DecF32 {
   RowSet<T::kNR> rs;
@@ -224,6 +230,7 @@ struct DecF32 {
   static constexpr int kStep = 32, kBytes = 128;  // weights and bytes per row and step
   static constexpr bool kL2Prefetch = true;
   void load(int i, int k, typename T::F* w) const { T::dec_f32(reinterpret_cast<const float*>(rs.row[i]) + k, K - k, w); }
+  void load_full(int i, int k, typename T::F* w) const { T::dec_f32(reinterpret_cast<const float*>(rs.row[i]) + k, kStep, w); }
 };
 
 template <class T, bool kBf16>
@@ -233,6 +240,7 @@ struct DecHalf {
   static constexpr int kStep = 32, kBytes = 64;
   static constexpr bool kL2Prefetch = true;
   void load(int i, int k, typename T::F* w) const { T::template dec_half<kBf16>(rs.row[i] + 2 * k, K - k, w); }
+  void load_full(int i, int k, typename T::F* w) const { T::template dec_half<kBf16>(rs.row[i] + 2 * k, kStep, w); }
 };
 
 // FP8 (the value × 2^−8) or INT8.
@@ -243,9 +251,11 @@ struct DecByte {
   static constexpr int kStep = 32, kBytes = 32;
   static constexpr double kPostScale = kFp8 ? 256.0 : 1.0;
   static constexpr bool kL2Prefetch = true;
-  void load(int i, int k, typename T::F* w) const {
-    if (kFp8) T::dec_fp8(rs.row[i] + k, K - k, w);
-    else T::dec_i8(rs.row[i] + k, K - k, w);
+  void load(int i, int k, typename T::F* w) const { load_n(i, k, K - k, w); }
+  void load_full(int i, int k, typename T::F* w) const { load_n(i, k, kStep, w); }
+  void load_n(int i, int k, int n, typename T::F* w) const {
+    if (kFp8) T::dec_fp8(rs.row[i] + k, n, w);
+    else T::dec_i8(rs.row[i] + k, n, w);
   }
 };
 
@@ -321,7 +331,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::zero();
   if constexpr (NT == 1 && D::kBytes > 0 && row_stream_of<D>()) {
     // One token: one weight row after the other, a single sequential stream prefetched
-    // kRowStreamDist ahead (DECISIONS "Row order of the row-major decode kernels"). One core, cold,
+    // row_stream_distance() ahead (DECISIONS "Row order of the row-major decode kernels"). One core, cold,
     // K = 2048 / 768: bf16 weights 444–446 → 355–358 / 225–227 → 185 µs (AVX2 code 518–521 → 337–343),
     // FP8 292–298 → 222–225 / 144–145 → 114 (bench/RESULTS.md 2026-12-05 late).
     if (pf.base != nullptr) {
@@ -329,7 +339,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
         typename T::F a[V];
         for (int v = 0; v < V; ++v) a[v] = T::zero();
         auto rstep = [&](int k, auto full) {
-          row_stream_prefetch(dec, i, k);
+          row_stream_prefetch(dec, i, k, pf.row_dist);
           typename T::F w[V];
           dec_step(dec, i, k, w, full);
 #pragma GCC unroll 4
@@ -493,12 +503,13 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     for (int i = 0; i < kNR; ++i) acc[t][i] = T::izero();
   if constexpr (NT == 1 && T::kI8RowStream) {
     // One token: one weight row after the other, a single sequential stream, prefetched
-    // kRowStreamDist ahead (one core, K = 2048, N = 1536, cold: 200–207 → 185–192 µs, ~100 % of the
+    // row_stream_distance() ahead (one core, K = 2048, N = 1536, cold: 200–207 → 185–192 µs, ~100 % of the
     // one-thread read probe; K = 768: 97–101 → 87–91; bench/RESULTS.md 2026-12-05 late). AVX2: kI8RowStream off.
+    const int64_t row_dist = row_stream_distance();
     for (int i = 0; i < kNR; ++i) {
       typename T::I a1 = T::izero();
       for (int k = 0; k < K; k += T::kI8Step) {
-        if ((k & 63) == 0) row_stream_prefetch<_MM_HINT_T1>(w[i] + k);
+        if ((k & 63) == 0) row_stream_prefetch<_MM_HINT_T1>(w[i] + k, row_dist);
         a1 = T::i8_dot(a1, T::i8_weights(w[i] + k, K - k), T::i8_act(act[0] + k));
       }
       acc[0][i] = a1;
