@@ -221,8 +221,9 @@ inline void epilogue(const GemmArgs& a, int n0, int nr, int j0, int nt, const Do
 // value order (zeros beyond K) as kStep / T::kLanes vectors; load_full the same for a step wholly
 // inside K, with no bounds test. The kernels' steady loops take load_full: a tail path there (its
 // zero-padded copy is a library call on AVX2) had GCC keep the one-token row stream's accumulators
-// on the stack, a store-to-load round trip in every FMA chain (Zen 3, one core, bf16 K = 2048,
-// N = 1536: ~460 → ~300 µs; bench/RESULTS.md 2026-12-06, session 42).
+// on the stack, a store-to-load round trip in every FMA chain. On Zen 3 (one core, bf16 K = 2048,
+// N = 1536) neither this nor the 1 KB prefetch distance (row_stream_distance) moved the time alone
+// (~460 µs); both together gave 327–344 µs (bench/RESULTS.md 2026-12-06, session 42).
 template <class T>
 struct DecF32 {
   RowSet<T::kNR> rs;
