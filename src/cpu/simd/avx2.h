@@ -335,7 +335,7 @@ struct Avx2 {
   };
   using W4A = W4;
   template <int NT>
-  static constexpr int kW4Rows = NT == 1 ? 4 : 2;
+  static constexpr int kW4Rows = NT == 1 ? 4 : 1;
   template <bool kFull>
   static W4 w4_weights(const uint8_t* p, int nbytes) {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
@@ -392,6 +392,17 @@ struct Avx2 {
     return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr);
   }
   static F cvt_i32(I v) { return _mm256_cvtepi32_ps(v); }
+  // Several tokens (kW4LaneAct): each token's w4_lane_scales and w4_corr vectors of every 64-chunk,
+  // built once per call and read back with plain loads.
+  static constexpr bool kW4LaneAct = true;
+  template <bool kMx>
+  static void w4_lane_act(const float* scale, const int32_t* corr, int K, float* ls, int32_t* lc) {
+    for (int k = 0, c = 0; k < K; k += 64, c += 8) {
+      _mm256_storeu_ps(ls + c, w4_lane_scales<kMx>(scale + (kMx ? k >> 5 : k >> 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lc + c), w4_corr(corr + (k >> 2)));
+    }
+  }
+  static I w4_lane_corr(const int32_t* c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)); }
   // NVFP4's per-block weight factors of one row, fp8(s)·ws2, then 16 zeros.
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
     const float* table = fp8_e4m3_table();

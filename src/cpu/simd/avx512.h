@@ -415,6 +415,10 @@ struct Avx512 {
     }
   }
   static I w4_dot(W4 w, W4A a, I corr) { return _mm512_dpbusd_epi32(corr, w, a); }
+  static constexpr bool kW4LaneAct = false;  // the token vectors are built in the step (w4_step)
+  template <bool kMx>
+  static void w4_lane_act(const float*, const int32_t*, int, float*, int32_t*) {}
+  static I w4_lane_corr(const int32_t*) { return _mm512_setzero_si512(); }
   static F cvt_i32(I v) { return _mm512_cvtepi32_ps(v); }
   // NVFP4 per-block weight factors fp8(s)·ws2 of one row (rounded once, as the reference), then 16 zeros.
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {

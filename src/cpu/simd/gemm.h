@@ -576,6 +576,10 @@ struct Fp4Act {
   const int8_t* v;      // values, stored order
   const float* scale;   // per block (≥ 16 zero floats after the last)
   const int32_t* corr;  // per 4 stored values: −12 · their sum (ActLayout::corr_off)
+  // T::kW4LaneAct targets, several tokens: per 64-chunk c the token's lane vectors at c · kLanes,
+  // built once per call (T::w4_lane_act): the lane scales and the lane correction words.
+  const float* lane_scale = nullptr;
+  const int32_t* lane_corr = nullptr;
 };
 constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
 
@@ -596,6 +600,21 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
       const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
       const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
       acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
+    }
+  } else if constexpr (T::kW4LaneAct) {
+    // Each row's chunk decoded and used at once for every token, whose lane vectors were built
+    // once per call (Fp4Act::lane_*): few live registers besides the NT · NR accumulators. Holding
+    // the NR decoded rows and building each token's vectors here spilled the accumulators on AVX2
+    // (16 registers) and cost ~2× (bench/RESULTS.md 2026-12-06, session 42).
+    const int c = (k >> 6) * T::kLanes;
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t)
+        acc[t][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, T::w4_act(act[t].v + k), T::w4_lane_corr(act[t].lane_corr + c))),
+                             T::mul(T::loadu(act[t].lane_scale + c), ws), acc[t][i]);
     }
   } else {
     typename T::W4 w[NR];
@@ -654,6 +673,21 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
   const int ld = (nb + 16 + 15) / 16 * 16;
   float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kW4Block * static_cast<size_t>(ld)));
   const int64_t pf_dist = prefetch_distance(kW4Block * w.row_bytes);
+  // T::kW4LaneAct: every token's lane vectors once per call (used by 2+ token groups only).
+  const int64_t lane_ld = static_cast<int64_t>((K + 63) / 64) * T::kLanes;
+  float* lane_scale = nullptr;
+  int32_t* lane_corr = nullptr;
+  if constexpr (T::kW4LaneAct) {
+    if (a.ntok > 1) {
+      lane_scale = static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * 2 * static_cast<size_t>(lane_ld * a.ntok)));
+      lane_corr = reinterpret_cast<int32_t*>(lane_scale + lane_ld * a.ntok);
+      for (int t = 0; t < a.ntok; ++t) {
+        const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride;
+        T::template w4_lane_act<kMx>(reinterpret_cast<const float*>(row + l.scales_off), reinterpret_cast<const int32_t*>(row + l.corr_off), K,
+                                     lane_scale + t * lane_ld, lane_corr + t * lane_ld);
+      }
+    }
+  }
   for (int n0 = row0; n0 < a.row1; n0 += kW4Block) {
     const int nr = a.row1 - n0 < kW4Block ? a.row1 - n0 : kW4Block;
     const uint8_t* rows[kW4Block];
@@ -671,6 +705,10 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
         const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
         act[t] = {reinterpret_cast<const int8_t*>(row + l.vals_off), reinterpret_cast<const float*>(row + l.scales_off),
                   reinterpret_cast<const int32_t*>(row + l.corr_off)};
+        if (lane_scale != nullptr) {
+          act[t].lane_scale = lane_scale + (j0 + t) * lane_ld;
+          act[t].lane_corr = lane_corr + (j0 + t) * lane_ld;
+        }
       }
       float res[kNT][kW4Block];
       switch (nt) {
