@@ -329,7 +329,7 @@ struct Avx2 {
   // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
   // |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
   // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
-  // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: 2 rows, twice.
+  // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: one row at a time (kW4LaneAct).
   struct W4 {
     __m256i lo, hi;
   };

@@ -605,7 +605,8 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     // Each row's chunk decoded and used at once for every token, whose lane vectors were built
     // once per call (Fp4Act::lane_*): few live registers besides the NT · NR accumulators. Holding
     // the NR decoded rows and building each token's vectors here spilled the accumulators on AVX2
-    // (16 registers) and cost ~2× (bench/RESULTS.md 2026-12-06, session 42).
+    // (16 registers): Zen 3, one core, K = 2048, ns per token, row and 64-chunk 1.88 → 1.53 at 2
+    // tokens, 1.60 → 1.34 at 4, 1.63 → 1.40 at 8 (bench/RESULTS.md 2026-12-06, session 42).
     const int c = (k >> 6) * T::kLanes;
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
