@@ -82,6 +82,7 @@ struct Avx2 {
   // Target-only kernels (declared in simd/gemm.h, defined in this target's translation units).
   static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
   static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
+  static constexpr bool kPlainRowBuffer = false;  // run_f32: plain-stream rows re-decoded per token group
 
   static F zero() { return _mm256_setzero_ps(); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }

@@ -13,7 +13,8 @@
 //         int32, minus T::kI8Offset·Σcodes.
 // What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
-// the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), and flags
+// the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), the W4A4
+// step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer), and flags
 // for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files, as
 // is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
@@ -399,12 +400,21 @@ void run_f32(const GemmArgs& a, Make make_dec) {
     for (int i = 0; i < kNR; ++i) rows[i] = n0 + (i < nr ? i : nr - 1);
     const D dec = make_dec(rows);
     float dot[kNT][kNR];
-    if (a.ntok <= kNT) {
-      const float* act[kNT];
-      for (int t = 0; t < a.ntok; ++t)
-        act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[t]) * l.stride + l.vals_off);
-      f32_group<T>(dec, prefetch_of<kNR>(*a.w, n0), act, a.ntok, kend, dot);
-      epilogue(a, n0, nr, 0, a.ntok, dot, post_scale_of<D>());
+    // A few tokens, or plain-stream rows (bf16 / fp32 / fp8 / int8: a cheap decode) on targets
+    // without kPlainRowBuffer: each token group decodes the rows itself (the block's rows stay in
+    // L1 / L2 after the first group, which alone prefetches). AVX2 on Zen 3, one core, K = 2048, ns per
+    // token, row and 64 weights against the row buffer: bf16 at 8 tokens 3.80–3.84 → 2.56–3.03
+    // (DRAM), 3.32 → 2.46–2.69 (L2), 16 tokens 3.15 → 2.57–3.10, 32 tokens level; fp8 at 8 tokens
+    // 4.60 → 2.88 (bench/RESULTS.md 2026-12-06, session 42).
+    if (a.ntok <= kNT || (!T::kPlainRowBuffer && l2_prefetch_of<D>())) {
+      for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
+        const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+        const float* act[kNT];
+        for (int t = 0; t < nt; ++t)
+          act[t] = reinterpret_cast<const float*>(a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride + l.vals_off);
+        f32_group<T>(dec, j0 == 0 ? prefetch_of<kNR>(*a.w, n0) : Prefetch<kNR>{}, act, nt, kend, dot);
+        epilogue(a, n0, nr, j0, nt, dot, post_scale_of<D>());
+      }
       continue;
     }
     // Many tokens: decode the kNR rows once into an L1/L2-resident buffer.
