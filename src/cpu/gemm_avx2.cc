@@ -118,7 +118,7 @@ inline __m256i mxfp4w_table(const int8_t* t) {
 
 // NR rows (the first `nr` of `rows` / `f` real) × NT tokens; res[t][i] for i < NR.
 template <int NT, int NR>
-void mxfp4w_kernel(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act, int K, int64_t pf_dist,
+__attribute__((always_inline)) inline void mxfp4w_kernel(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act, int K, int64_t pf_dist,
                    float (*res)[kFp4Rows]) {
   const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -142,9 +142,13 @@ void mxfp4w_kernel(const uint8_t* const* rows, const Avx2::MxRow* f, const float
 
 // MXFP4 weights on the F32 kind. The token rows are copied once per call (per tile of up to
 // kMxfp4wTile tokens) into the register order of mxfp4w_decode (Mxfp4wTables::pos). One token: 4
-// rows per pass through mxfp4w_kernel; 2–4 tokens: 2 rows; more: each pair of rows decoded once
-// per tile (× block factor, exact: powers of two) into a row buffer in that order, then the F32
-// kernel over the buffer for every 4 tokens.
+// rows per pass through mxfp4w_kernel; more: 2 rows per pass, decoded again for every group of up
+// to 4 tokens (only the first group prefetches; the rows stay in L1 / L2). Decoding a row pair once
+// into an fp32 row buffer for all groups was slower from 5 tokens up to 16 and level at 32–64
+// (Zen 3, one core, K = 2048, ns per token, row and 64 weights: 5 tokens 3.51 → 2.56–3.14, 8 tokens
+// 2.53–3.15 → 2.11–2.65, 16 tokens 2.37 → 2.20; bench/RESULTS.md 2026-12-06, session 42). The
+// kernel is inlined into this driver: called out of line (as GCC chose once the group loop came)
+// the 4-token kernel took 2.54 ns instead of 2.19.
 constexpr int kMxfp4wTile = 128;
 template <>
 void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
@@ -156,10 +160,7 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
   const int rows_per_pass = a.ntok == 1 ? kFp4Rows : kNR;
   const int tile = a.ntok < kMxfp4wTile ? a.ntok : kMxfp4wTile;
   float* xperm = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * static_cast<size_t>(tile) * static_cast<size_t>(kch)));
-  float* buf = tile > kNT ? static_cast<float*>(thread_scratch_buffer(0, sizeof(float) * kNR * static_cast<size_t>(kch))) : nullptr;
   const int64_t pf_dist = prefetch_distance(rows_per_pass * w.row_bytes);
-  const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   const float* e8 = e8m0_table();
   for (int t0 = 0; t0 < a.ntok; t0 += kMxfp4wTile) {
     const int ntt = a.ntok - t0 < kMxfp4wTile ? a.ntok - t0 : kMxfp4wTile;
@@ -179,41 +180,22 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
         rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;
         hf[i] = {w.scales + static_cast<int64_t>(n) * nb, e8};
       }
-      if (ntt <= kNT) {
-        const float* act[kNT];
-        for (int t = 0; t < ntt; ++t) act[t] = xperm + static_cast<int64_t>(t) * kch;
-        float dot[kNT][kFp4Rows];
-        switch (ntt) {
-          case 1:
-            if (rows_per_pass == kFp4Rows) mxfp4w_kernel<1, kFp4Rows>(rows, hf, act, K, pf_dist, dot);
-            else mxfp4w_kernel<1, kNR>(rows, hf, act, K, pf_dist, dot);
-            break;
-          case 2: mxfp4w_kernel<2, kNR>(rows, hf, act, K, pf_dist, dot); break;
-          case 3: mxfp4w_kernel<3, kNR>(rows, hf, act, K, pf_dist, dot); break;
-          default: mxfp4w_kernel<4, kNR>(rows, hf, act, K, pf_dist, dot); break;
-        }
-        epilogue(a, n0, nr, t0, ntt, dot);
-        continue;
-      }
-      for (int i = 0; i < kNR; ++i) {
-        float* b = buf + static_cast<int64_t>(i) * kch;
-        for (int k = 0; k < kch; k += 64) {
-          if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + pf_dist + (k >> 1)), _MM_HINT_T0);
-          __m256 wv[8];
-          const __m256i bytes = k + 64 <= K ? mxfp4w_bytes<true>(rows[i], k, K) : mxfp4w_bytes<false>(rows[i], k, K);
-          mxfp4w_decode(bytes, tlo, thi, m4, wv);
-          const __m256 sv = Avx2::w4_weight_scales<true, false>(hf[i], k >> 5, nb);
-          for (int j = 0; j < 8; ++j) _mm256_storeu_ps(b + k + 8 * j, _mm256_mul_ps(wv[j], sv));
-        }
-      }
-      const DecBuf<Avx2> bdec{buf, kch};
       for (int j0 = 0; j0 < ntt; j0 += kNT) {
         const int nt = ntt - j0 < kNT ? ntt - j0 : kNT;
         const float* act[kNT];
         for (int t = 0; t < nt; ++t) act[t] = xperm + static_cast<int64_t>(j0 + t) * kch;
-        float bdot[kNT][kNR];
-        f32_group<Avx2>(bdec, Prefetch<kNR>{}, act, nt, kch, bdot);
-        epilogue(a, n0, nr, t0 + j0, nt, bdot);
+        const int64_t pf = j0 == 0 ? pf_dist : 0;
+        float dot[kNT][kFp4Rows];
+        switch (nt) {
+          case 1:
+            if (rows_per_pass == kFp4Rows) mxfp4w_kernel<1, kFp4Rows>(rows, hf, act, K, pf, dot);
+            else mxfp4w_kernel<1, kNR>(rows, hf, act, K, pf, dot);
+            break;
+          case 2: mxfp4w_kernel<2, kNR>(rows, hf, act, K, pf, dot); break;
+          case 3: mxfp4w_kernel<3, kNR>(rows, hf, act, K, pf, dot); break;
+          default: mxfp4w_kernel<4, kNR>(rows, hf, act, K, pf, dot); break;
+        }
+        epilogue(a, n0, nr, t0 + j0, nt, dot);
       }
     }
   }
