@@ -366,6 +366,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 256},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 80},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
+                                // 66 NVFP4 blocks per row: two 32-code runs of AVX2's vector
+                                // factor path (w4_nv_factors) and a table tail
+                                {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 1056},
                                 {DotKind::F32, WeightFormat::Fp8E4M3, ActQuant::Fp8DynToken, 70},
                                 {DotKind::F32, WeightFormat::Mxfp6E3M2, ActQuant::Mxfp6E3M2, 64},
                                 {DotKind::F32, WeightFormat::Mxfp4, ActQuant::None, 96},
@@ -476,7 +479,7 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
       for (size_t i = 1; i < wabs.size(); i += 2) wabs[i] &= 0x7F;
     else if (kc.fmt == WeightFormat::Fp8E4M3)
       for (auto& b : wabs) b &= 0x7F;
-    else if (kc.fmt == WeightFormat::Mxfp4)
+    else if (kc.fmt == WeightFormat::Mxfp4 || kc.fmt == WeightFormat::Nvfp4)
       for (auto& b : wabs) b &= 0x77;
     else if (is_mx_weight(kc.fmt))
       for (int r = 0; r < rows; ++r) {
@@ -516,11 +519,13 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
           if (kc.kind == DotKind::I8) {
             ASSERT_EQ(got[i], want[i]) << "I8 is exact; isa " << isa_name(isa) << " i " << i;  // exact int32 dot
           } else {
-            // 2e-6 relative (the output's own rounding and the scales' products), plus, for the
-            // fp32-sum kinds, 4·√k fp32 units of Σ |w·x| (a sum of k terms in another order).
-            const double order = kc.kind == DotKind::F32 || kc.kind == DotKind::Bf16
-                                     ? 4.0 * std::sqrt(static_cast<double>(k)) * 0x1p-24 * std::fabs(mag[i])
-                                     : 0.0;
+            // 2e-6 relative (the output's own rounding and the scales' products), plus 4·√n fp32
+            // units of Σ |w·x| for a sum of n terms in another order: n = k for the fp32-sum kinds;
+            // the Fp4 kinds sum exact block dot products, n = k / block of them (NVFP4 at k = 1056,
+            // 66 blocks: 4e-6 relative apart, where the 2e-6 alone had held to 16 blocks).
+            const bool fp4 = kc.kind == DotKind::Fp4Mx || kc.kind == DotKind::Fp4Nv;
+            const double n_terms = fp4 ? static_cast<double>(k) / (kc.kind == DotKind::Fp4Mx ? 32 : 16) : static_cast<double>(k);
+            const double order = 4.0 * std::sqrt(n_terms) * 0x1p-24 * std::fabs(mag[i]);
             ASSERT_NEAR(got[i], want[i], 2e-6 * (std::fabs(want[i]) + 1.0) + order)
                 << static_cast<int>(kc.kind) << " " << to_string(kc.fmt) << " k " << k << " ntok " << nt << " isa "
                 << isa_name(isa) << " i " << i;
