@@ -66,7 +66,7 @@ __attribute__((always_inline)) inline __m256i mxfp4w_bytes(const uint8_t* row, i
 }
 
 template <int NT, int NR, bool kFull>
-__attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act,
+__attribute__((always_inline)) inline void mxfp4w_step(const uint8_t* const* rows, const MxRow* f, const float* const* act,
                                                        int k, int K, __m256i tlo, __m256i thi, __m256i m4,
                                                        __m256 (&acc)[NT][NR]) {
   const int b = k >> 5;  // the chunk's first block
@@ -118,7 +118,7 @@ inline __m256i mxfp4w_table(const int8_t* t) {
 
 // NR rows (the first `nr` of `rows` / `f` real) × NT tokens; res[t][i] for i < NR.
 template <int NT, int NR>
-__attribute__((always_inline)) inline void mxfp4w_kernel(const uint8_t* const* rows, const Avx2::MxRow* f, const float* const* act, int K, int64_t pf_dist,
+__attribute__((always_inline)) inline void mxfp4w_kernel(const uint8_t* const* rows, const MxRow* f, const float* const* act, int K, int64_t pf_dist,
                    float (*res)[kFp4Rows]) {
   const __m256i tlo = mxfp4w_table(kMxfp4w.lo), thi = mxfp4w_table(kMxfp4w.hi);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -174,7 +174,7 @@ void gemm_mxfp4_f32<Avx2>(const GemmArgs& a) {
     for (int n0 = a.row0; n0 < a.row1; n0 += rows_per_pass) {
       const int nr = a.row1 - n0 < rows_per_pass ? a.row1 - n0 : rows_per_pass;
       const uint8_t* rows[kFp4Rows];
-      Avx2::MxRow hf[kFp4Rows];  // rows past nr repeat the last one
+      MxRow hf[kFp4Rows];  // rows past nr repeat the last one
       for (int i = 0; i < rows_per_pass; ++i) {
         const int n = n0 + (i < nr ? i : nr - 1);
         rows[i] = w.data + static_cast<int64_t>(n) * w.row_bytes;

@@ -364,16 +364,12 @@ struct Avx2 {
   // rather than a per-row factor buffer filled first: one token, one core, Zen 3, K × N = 768 × 2048
   // W4A4 77–79 → 69–70 µs, W4A16 120 → 104 µs; 2048 × 1536 W4A4 level, W4A16 214 → 194 µs
   // (bench/RESULTS.md 2026-12-06, session 42). NVFP4: a per-row buffer (w4_nv_factors).
-  struct MxRow {
-    const uint8_t* sc;  // the row's E8M0 bytes
-    const float* e8;    // e8m0_table()
-  };
   template <bool kMx>
   using W4Factors = std::conditional_t<kMx, MxRow, const float*>;
   template <bool kMx>
   static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
     if constexpr (kMx) {
-      return MxRow{sc, e8m0_table()};
+      return MxRow::of(sc);
     } else {
       w4_nv_factors(sc, nb, ws2, buf);
       return buf;
@@ -382,8 +378,7 @@ struct Avx2 {
   template <bool kMx, bool kFull>
   static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
     if constexpr (kMx) {
-      const float fb = (!kFull && b + 1 >= nb) ? 0.0f : f.e8[f.sc[b + 1]];
-      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(f.e8[f.sc[b]])), _mm_set1_ps(fb), 1);
+      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(f.first(b))), _mm_set1_ps(f.template second<kFull>(b, nb)), 1);
     } else {
       return w4_lane_scales<kMx>(f + b);
     }

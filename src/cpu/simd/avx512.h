@@ -389,16 +389,12 @@ struct Avx512 {
   // step): MX straight from the E8M0 bytes (two table reads, broadcast and blended; 0 past the
   // row's last block), NVFP4 from the row's factor buffer ((a0 a1 b0 b1) in every 128-bit lane →
   // [a0 a0 a1 a1 | …]).
-  struct MxRow {
-    const uint8_t* sc;  // the row's E8M0 bytes
-    const float* e8;    // e8m0_table()
-  };
   template <bool kMx>
   using W4Factors = std::conditional_t<kMx, MxRow, const float*>;
   template <bool kMx>
   static W4Factors<kMx> w4_row_factors(const uint8_t* sc, int nb, float ws2, float* buf) {
     if constexpr (kMx) {
-      return MxRow{sc, e8m0_table()};
+      return MxRow::of(sc);
     } else {
       w4_nv_factors(sc, nb, ws2, buf);
       return buf;
@@ -407,8 +403,7 @@ struct Avx512 {
   template <bool kMx, bool kFull>
   static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
     if constexpr (kMx) {
-      const float fb = (!kFull && b + 1 >= nb) ? 0.0f : f.e8[f.sc[b + 1]];
-      return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f.e8[f.sc[b]]), _mm512_set1_ps(fb));
+      return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f.first(b)), _mm512_set1_ps(f.template second<kFull>(b, nb)));
     } else {
       const __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(f + b));  // (a shuffle, not _mm512_broadcast_f32x4:
       return _mm512_permutevar_ps(_mm512_shuffle_f32x4(v, v, 0),      // GCC 12 ICEs on it under -fsanitize)
@@ -417,9 +412,6 @@ struct Avx512 {
   }
   static I w4_dot(W4 w, W4A a, I corr) { return _mm512_dpbusd_epi32(corr, w, a); }
   static constexpr bool kW4LaneAct = false;  // the token vectors are built in the step (w4_step)
-  template <bool kMx>
-  static void w4_lane_act(const float*, const int32_t*, int, float*, int32_t*) {}
-  static I w4_lane_corr(const int32_t*) { return _mm512_setzero_si512(); }
   static F cvt_i32(I v) { return _mm512_cvtepi32_ps(v); }
   // NVFP4 per-block weight factors fp8(s)·ws2 of one row (rounded once, as the reference), then 16 zeros.
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {

@@ -5,8 +5,23 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/kernel_iface.h"
+
 namespace qmoe::cpu {
 namespace {
+
+// One MX weight row's E8M0 block scales, read through e8m0_table() at each 64-chunk (its two
+// blocks b, b + 1) by the layers' w4_weight_scales — the W4A4 and W4A16 kernels' weight factors,
+// with no per-row factor buffer filled first.
+struct MxRow {
+  const uint8_t* sc;  // the row's E8M0 bytes
+  const float* e8;    // e8m0_table()
+  static MxRow of(const uint8_t* sc) { return {sc, e8m0_table()}; }
+  float first(int b) const { return e8[sc[b]]; }
+  // Block b + 1's factor; 0 past the row's nb blocks (a partial last chunk, !kFull).
+  template <bool kFull>
+  float second(int b, int nb) const { return (!kFull && b + 1 >= nb) ? 0.0f : e8[sc[b + 1]]; }
+};
 
 inline float bits_to_float(uint32_t u) {
   float f;

@@ -684,7 +684,7 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
   const int ld = (nb + 16 + 15) / 16 * 16;
   float* factors = static_cast<float*>(thread_scratch_buffer(1, sizeof(float) * kW4Block * static_cast<size_t>(ld)));
   const int64_t pf_dist = prefetch_distance(kW4Block * w.row_bytes);
-  // T::kW4LaneAct: every token's lane vectors once per call (used by 2+ token groups only).
+  // T::kW4LaneAct: every token's lane vectors once per call (read by the groups of 2+ tokens).
   const int64_t lane_ld = static_cast<int64_t>((K + 63) / 64) * T::kLanes;
   float* lane_scale = nullptr;
   int32_t* lane_corr = nullptr;
