@@ -83,6 +83,10 @@ struct Avx2 {
   static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
   static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
   static constexpr bool kPlainRowBuffer = false;  // run_f32: plain-stream rows re-decoded per token group
+  // f32_kernel, one token on interleaved rows: 4 accumulators per row. One core, Zen 3, K = 2048,
+  // N = 1536, MXFP6 (after dec_fp6's one-multiply form): 457 → 415 µs for E2M3 and E3M2 (2
+  // accumulators: 450; bench/RESULTS.md 2026-12-07, session 43).
+  static constexpr int kOneTokenAcc = 4;
 
   static F zero() { return _mm256_setzero_ps(); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }
@@ -140,17 +144,15 @@ struct Avx2 {
   // included — then vcvtph2ps and × s · 2^14 (2^12), or × 2^14 then × s where s · 2^14 would
   // overflow: the same fp32 product value · s either way. 16 codes (12 bytes) per pass: a byte
   // shuffle puts the two bytes that hold code j in 16-bit lane j, where it starts at bit 0, 6, 4 or
-  // 2 (j % 4 = 0..3); two vpmullw by per-lane powers of two shift the magnitude and the sign into
-  // place (bits shifted out of the lane are dropped).
+  // 2 (j % 4 = 0..3); one vpmullw by a per-lane power of two moves it to bits 10..15 (the bits
+  // above drop out of the lane), an arithmetic shift right by 3 (2) puts the magnitude in place and
+  // copies the sign down over the gap, and a mask keeps bit 15 and the magnitude.
   template <bool kE2M3>
   static void dec_fp6(const uint8_t* p, float s, F* w) {
-    constexpr int kMag = kE2M3 ? 7 : 8;  // fp16 bit of the magnitude's lowest bit
     constexpr float kUnit = kE2M3 ? 16384.0f : 4096.0f;
-    constexpr short m0 = 1 << kMag, m1 = 1 << (kMag - 6), m2 = 1 << (kMag - 4), m3 = 1 << (kMag - 2);
-    const __m256i mag_mul = _mm256_setr_epi16(m0, m1, m2, m3, m0, m1, m2, m3, m0, m1, m2, m3, m0, m1, m2, m3);
-    const __m256i sgn_mul = _mm256_setr_epi16(1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256);
-    const __m256i mag_mask = _mm256_set1_epi16(static_cast<short>(0x1F << kMag));
-    const __m256i sgn_mask = _mm256_set1_epi16(static_cast<short>(0x8000));
+    const __m256i to_top = _mm256_setr_epi16(1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4,
+                                             1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
+    const __m256i keep = _mm256_set1_epi16(static_cast<short>(kE2M3 ? 0x8F80 : 0x9F00));
     constexpr char z = -128;
     for (int j = 0; j < 2; ++j) {
       // Pass 0: bytes 0..11 from a load at p; pass 1: bytes 12..23 at offsets 4..15 of a load at
@@ -160,9 +162,8 @@ struct Avx2 {
                                            o + 6, o + 7, o + 6, o + 7, o + 7, o + 8, o + 8, z, o + 9, o + 10, o + 9, o + 10, o + 10,
                                            o + 11, o + 11, z);
       const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * j)));
-      const __m256i x = _mm256_shuffle_epi8(b, idx);
-      const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_mullo_epi16(x, mag_mul), mag_mask),
-                                        _mm256_and_si256(_mm256_mullo_epi16(x, sgn_mul), sgn_mask));
+      const __m256i x = _mm256_mullo_epi16(_mm256_shuffle_epi8(b, idx), to_top);
+      const __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, kE2M3 ? 3 : 2), keep);
       w[2 * j] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
       w[2 * j + 1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     }

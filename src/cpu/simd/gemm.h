@@ -14,7 +14,8 @@
 // What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
 // the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), the W4A4
-// step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer), and flags
+// step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer,
+// kOneTokenAcc), and flags
 // for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files, as
 // is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
@@ -358,16 +359,27 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
       return;
     }
   }
+  // One token, interleaved rows (MXFP6, NVFP4 and the row buffer): A = T::kOneTokenAcc
+  // accumulators per row, so that each step's V FMAs form A chains rather than one.
+  constexpr int A = NT == 1 ? (V < T::kOneTokenAcc ? V : T::kOneTokenAcc) : 1;
+  typename T::F acc1[kNR][A];
+  for (int i = 0; i < kNR; ++i)
+    for (int j = 0; j < A; ++j) acc1[i][j] = T::zero();
   auto step = [&](int k, auto full) {
     if constexpr (D::kBytes > 0) pf.template block_at<D>(k / D::kStep);
 #pragma GCC unroll 4
     for (int i = 0; i < kNR; ++i) {
       typename T::F w[V];
       dec_step(dec, i, k, w, full);
+      if constexpr (A > 1) {
 #pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t)
+        for (int v = 0; v < V; ++v) acc1[i][v % A] = T::fmadd(w[v], T::loadu(act[0] + k + T::kLanes * v), acc1[i][v % A]);
+      } else {
 #pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) acc[t][i] = T::fmadd(w[v], T::loadu(act[t] + k + T::kLanes * v), acc[t][i]);
+        for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+          for (int v = 0; v < V; ++v) acc[t][i] = T::fmadd(w[v], T::loadu(act[t] + k + T::kLanes * v), acc[t][i]);
+      }
     }
   };
   int k = 0;
@@ -375,6 +387,11 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   if constexpr (requires(typename T::F* w) { dec.load_full(0, 0, w); })
     for (const int kfull = dec.K / D::kStep * D::kStep; k < kfull; k += D::kStep) step(k, std::true_type{});
   for (; k < kend; k += D::kStep) step(k, std::false_type{});
+  if constexpr (A > 1)
+    for (int i = 0; i < kNR; ++i) {
+      for (int j = 1; j < A; ++j) acc1[i][0] = T::add(acc1[i][0], acc1[i][j]);
+      acc[0][i] = acc1[i][0];
+    }
   for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t]);
 }
 
