@@ -83,9 +83,9 @@ struct Avx2 {
   static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
   static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
   static constexpr bool kPlainRowBuffer = false;  // run_f32: plain-stream rows re-decoded per token group
-  // f32_kernel, one token on interleaved rows: 4 accumulators per row. One core, Zen 3, K = 2048,
-  // N = 1536, MXFP6 (after dec_fp6's one-multiply form): 457 → 415 µs for E2M3 and E3M2 (2
-  // accumulators: 450; bench/RESULTS.md 2026-12-07, session 43).
+  // f32_kernel, one token on interleaved rows: one accumulator per vector for steps of up to 4
+  // vectors. One core, Zen 3, K = 2048, N = 1536, MXFP6 (after dec_fp6's one-multiply form):
+  // 457 → 415 µs for E2M3 and E3M2 (2 accumulators: 450; bench/RESULTS.md 2026-12-07, session 43).
   static constexpr int kOneTokenAcc = 4;
 
   static F zero() { return _mm256_setzero_ps(); }

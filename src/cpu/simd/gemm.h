@@ -15,9 +15,8 @@
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
 // the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), the W4A4
 // step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer,
-// kOneTokenAcc), and flags
-// for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the target's own files, as
-// is its W4A4 kernel (gemm_w4a4).
+// kOneTokenAcc), and flags for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the
+// target's own files, as is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
 // with internal linkage, so nothing compiled for one target can be picked by the linker for
 // another.
@@ -359,9 +358,11 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
       return;
     }
   }
-  // One token, interleaved rows (MXFP6, NVFP4 and the row buffer): A = T::kOneTokenAcc
-  // accumulators per row, so that each step's V FMAs form A chains rather than one.
-  constexpr int A = NT == 1 ? (V < T::kOneTokenAcc ? V : T::kOneTokenAcc) : 1;
+  // One token, interleaved rows, steps of V ≤ T::kOneTokenAcc vectors (MXFP6 and the row buffer
+  // on AVX2): one accumulator per vector and row, so that a step's FMAs form V chains rather than
+  // one. NVFP4's 8-vector steps keep one (4 accumulators there: 537 → 577 µs, Zen 3, one core,
+  // K = 2048, N = 1536; bench/RESULTS.md 2026-12-07).
+  constexpr int A = NT == 1 && V <= T::kOneTokenAcc ? V : 1;
   typename T::F acc1[kNR][A];
   for (int i = 0; i < kNR; ++i)
     for (int j = 0; j < A; ++j) acc1[i][j] = T::zero();
