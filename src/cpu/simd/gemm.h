@@ -362,7 +362,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
   // on AVX2): one accumulator per vector and row, so that a step's FMAs form V chains rather than
   // one. NVFP4's 8-vector steps keep one (4 accumulators there: 537 → 577 µs, Zen 3, one core,
   // K = 2048, N = 1536; bench/RESULTS.md 2026-12-07).
-  constexpr int A = NT == 1 && V <= T::kOneTokenAcc ? V : 1;
+  constexpr int A = NT == 1 && V <= T::kOneTokenAcc ? V : 1;  // V (acc1[i][v]) or 1 (acc1 unused)
   typename T::F acc1[kNR][A];
   for (int i = 0; i < kNR; ++i)
     for (int j = 0; j < A; ++j) acc1[i][j] = T::zero();
@@ -374,7 +374,7 @@ void f32_kernel(const D& dec, const Prefetch<T::kNR>& pf, const float* const* ac
       dec_step(dec, i, k, w, full);
       if constexpr (A > 1) {
 #pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) acc1[i][v % A] = T::fmadd(w[v], T::loadu(act[0] + k + T::kLanes * v), acc1[i][v % A]);
+        for (int v = 0; v < V; ++v) acc1[i][v] = T::fmadd(w[v], T::loadu(act[0] + k + T::kLanes * v), acc1[i][v]);
       } else {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t)
