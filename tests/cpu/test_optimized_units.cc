@@ -509,7 +509,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
       kernel_table(isa).gemm(g);
       return out;
     };
-    for (int nt : {1, 2, 3, 11, 27, ntok}) {  // amx: 11 and 27 one pass (the ring), ntok several
+    // 5 and 9: uneven token groups (token_group: 3 + 2, 3 + 3 + 3 on AVX2); amx: 11 and 27 one pass
+    // (the ring), ntok several.
+    for (int nt : {1, 2, 3, 5, 9, 11, 27, ntok}) {
       const std::vector<float> want = run(Isa::Scalar, nt);
       const std::vector<float> mag = run(Isa::Scalar, nt, /*magnitude=*/true);
       for (Isa isa : isas()) {

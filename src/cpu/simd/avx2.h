@@ -83,6 +83,11 @@ struct Avx2 {
   static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32 (gemm_avx2.cc)
   static constexpr bool kBf16Dot = false;        // DotKind::Bf16 is not selected on AVX2
   static constexpr bool kPlainRowBuffer = false;  // run_f32: plain-stream rows re-decoded per token group
+  // The integer kernels (INT8, W4A4 rows) split an expert's tokens into even groups (token_group):
+  // one core, Zen 3, K × N = 1024 × 768, minimum µs over 3 rounds: INT8 at 5 / 9 / 13 tokens
+  // 133 / 226 / 318 → 109 / 181 / 275, W4A4 2–4 % at 5–14 tokens; the F32 kinds measured level to
+  // 6 % slower (MXFP6 at 5 tokens), so they keep groups of four (bench/RESULTS.md 2026-12-07, session 44).
+  static constexpr bool kEvenTokenGroups = true;
   // f32_kernel, one token on interleaved rows: one accumulator per vector for steps of up to 4
   // vectors. One core, Zen 3, K = 2048, N = 1536, MXFP6 (after dec_fp6's one-multiply form):
   // 457 → 415 µs for E2M3 and E3M2 (2 accumulators: 450; bench/RESULTS.md 2026-12-07, session 43).

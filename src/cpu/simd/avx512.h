@@ -129,6 +129,7 @@ struct Avx512 {
   static constexpr bool kMxfp4F32Kernel = true;  // MXFP4 on the F32 kind: gemm_mxfp4_f32_avx512
   static constexpr bool kBf16Dot = true;          // DotKind::Bf16: vdpbf16ps (gemm_avx512.cc)
   static constexpr bool kPlainRowBuffer = true;   // run_f32: many tokens read plain-stream rows from the fp32 row buffer
+  static constexpr bool kEvenTokenGroups = false;  // token_group: groups of four, then the rest (not measured here)
   static constexpr int kOneTokenAcc = 1;  // f32_kernel, one token on 4 interleaved rows: one accumulator per row (not measured)
 
   static F zero() { return _mm512_setzero_ps(); }

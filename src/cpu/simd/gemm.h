@@ -41,6 +41,18 @@ constexpr int64_t kPrefetchBytes = 8192;  // software prefetch distance (see pre
 inline int64_t prefetch_distance(int64_t block_bytes) {
   return block_bytes <= 0 ? 0 : (kPrefetchBytes + block_bytes - 1) / block_bytes * block_bytes;
 }
+
+// The size of the token group that starts at token j0 of n, for the integer kernels (INT8 W8A8,
+// W4A4 rows): groups of at most T::kNT, and on targets with T::kEvenTokenGroups as even as the
+// count allows (9 tokens 3 + 3 + 3 rather than 4 + 4 + 1), so that no group takes the rows for one
+// token after the others took four.
+template <class T>
+inline int token_group(int n, int j0) {
+  const int left = n - j0;
+  if constexpr (!T::kEvenTokenGroups) return left < T::kNT ? left : T::kNT;
+  const int groups = (left + T::kNT - 1) / T::kNT;
+  return (left + groups - 1) / groups;
+}
 // kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6
 // codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the byte-wide
 // and wider streams — bf16, int8 and fp8 weights — so that the L1 fill buffers stay with the
@@ -568,8 +580,8 @@ void gemm_i8(const GemmArgs& a) {
     const int nr = a.row1 - n0 < kNR ? a.row1 - n0 : kNR;
     const uint8_t* wr[kNR];
     for (int i = 0; i < kNR; ++i) wr[i] = w.data + static_cast<int64_t>(n0 + (i < nr ? i : nr - 1)) * w.row_bytes;
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+    for (int j0 = 0, nt = 0; j0 < a.ntok; j0 += nt) {
+      nt = token_group<T>(a.ntok, j0);
       const uint8_t* act[kNT];
       int32_t sums[kNT];
       for (int t = 0; t < nt; ++t) {
@@ -727,8 +739,8 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
       wf[i] = i < nr ? T::template w4_row_factors<kMx>(w.scales + static_cast<int64_t>(n) * nb, nb, w.nv_global, factors + i * ld)
                      : wf[nr - 1];
     }
-    for (int j0 = 0; j0 < a.ntok; j0 += kNT) {
-      const int nt = a.ntok - j0 < kNT ? a.ntok - j0 : kNT;
+    for (int j0 = 0, nt = 0; j0 < a.ntok; j0 += nt) {
+      nt = token_group<T>(a.ntok, j0);
       Fp4Act act[kNT];
       for (int t = 0; t < nt; ++t) {
         const uint8_t* row = a.act_base + static_cast<int64_t>(a.act_index[j0 + t]) * l.stride;
