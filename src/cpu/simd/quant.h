@@ -304,8 +304,9 @@ inline typename T::D vexp(typename T::D x) {
   const typename T::D n = T::dround(T::dmul(x, T::dset1(1.4426950408889634074)));
   typename T::D r = T::dfnmadd(n, T::dset1(6.93147180369123816490e-01), x);
   r = T::dfnmadd(n, T::dset1(1.90821492927058770002e-10), r);
-  // Σ_{i ≤ 13} r^i / i! by Estrin's scheme: pairs, then r², r⁴, r⁸ (dependent depth 5 FMAs rather
-  // than Horner's 13; the activation was latency-bound on it: 8 rows × 768 took 17 µs on Zen 3).
+  // Σ_{i ≤ 13} r^i / i! by Estrin's scheme: pairs, then r², r⁴, r⁸ (a dependent depth of 5 FMAs
+  // rather than Horner's 13). Zen 3, SiLU over 8 rows × 768: 16.7–17.1 → 14.6–14.9 µs
+  // (bench/RESULTS.md 2026-12-07, session 44).
   using D = typename T::D;
   auto c = [](double v) { return T::dset1(v); };
   const D r2 = T::dmul(r, r), r4 = T::dmul(r2, r2), r8 = T::dmul(r4, r4);
