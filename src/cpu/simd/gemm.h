@@ -53,6 +53,7 @@ inline int token_group(int n, int j0) {
   const int groups = (left + T::kNT - 1) / T::kNT;
   return (left + groups - 1) / groups;
 }
+
 // kHint: _MM_HINT_T0 (into L1) for the kernels that decode each weight at some cost (fp4 / fp6
 // codes: the L1 copy is there when the decode wants it), _MM_HINT_T1 (into L2) for the byte-wide
 // and wider streams — bf16, int8 and fp8 weights — so that the L1 fill buffers stay with the
