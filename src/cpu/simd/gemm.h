@@ -15,8 +15,8 @@
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
 // the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), the W4A4
 // step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer,
-// kOneTokenAcc), and flags for target-only kernels (kMxfp4F32Kernel, kBf16Dot), defined in the
-// target's own files, as is its W4A4 kernel (gemm_w4a4).
+// kOneTokenAcc, kEvenTokenGroups), and flags for target-only kernels (kMxfp4F32Kernel, kBf16Dot),
+// defined in the target's own files, as is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
 // with internal linkage, so nothing compiled for one target can be picked by the linker for
 // another.

@@ -329,6 +329,7 @@ inline typename T::D vsigmoid(typename T::D v) {
 
 template <class T, Activation kKind>
 inline typename T::D act_lanes(const ActParams& a, typename T::D g, typename T::D u) {
+  static_assert(kKind != Activation::Gelu, "erf: Gelu rows take activation_row_scalar");
   using D = typename T::D;
   switch (kKind) {
     case Activation::Silu: {
