@@ -2,6 +2,7 @@
 // Tests, benchmarks, the quantizer and the CLI iterate it, so a new row is covered everywhere.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -64,5 +65,8 @@ bool is_mx_weight(WeightFormat f);
 bool act_is_static(ActQuant a);      // needs stored input scales (fp8/int8 static, nvfp4 input_scale_2)
 bool act_is_quantized(ActQuant a);   // anything but None
 int weight_block_size(WeightFormat f);  // 32 for MX, 16 for NVFP4, 0 otherwise
+// Columns of a stored weight row of `cols` elements: the packed bytes for FP4 (cols / 2) and FP6
+// (cols · 3 / 4), one column per element otherwise (INT8 / FP8 bytes, unquantized elements).
+int64_t weight_packed_cols(WeightFormat f, int64_t cols);
 
 }  // namespace qmoe

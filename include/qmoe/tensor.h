@@ -66,6 +66,10 @@ class Tensor {
 // Throws qmoe::Error naming `what` for dtypes that are not numeric.
 std::vector<float> to_f32(const Tensor& t, std::string_view what = "tensor");
 
+// Element i of a F32, BF16 or F16 tensor as float (an unaligned read: views of a mapped file need
+// not be aligned); any other dtype throws qmoe::Error.
+float float_at(const Tensor& t, int64_t i);
+
 // One pass over rows × cols row-major fp32 values: the first NaN / ±Inf throws qmoe::Error
 // "WHERE: tensor 'NAME' holds nan at token R (column C) ...; expected finite values" (`row_word`
 // names a row: "token" for activations).

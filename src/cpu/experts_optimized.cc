@@ -38,16 +38,6 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-int64_t packed_cols(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: return cols / 2;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: return cols * 3 / 4;
-    default: return cols;
-  }
-}
-
 WeightView make_view(const ExpertParams& p, ref::Proj which, int e) {
   const SchemeInfo& s = *p.scheme;
   const bool w13 = which == ref::Proj::W13;
@@ -59,7 +49,7 @@ WeightView make_view(const ExpertParams& p, ref::Proj which, int e) {
   const Tensor& sc = w13 ? p.w13_weight_scale : p.w2_weight_scale;
   v.dtype = w.dtype();
   const int64_t esz = s.weight == WeightFormat::BF16 ? dtype_bits(w.dtype()) / 8 : 1;
-  v.row_bytes = packed_cols(s.weight, v.cols) * esz;
+  v.row_bytes = weight_packed_cols(s.weight, v.cols) * esz;
   v.data = reinterpret_cast<const uint8_t*>(w.data()) + static_cast<int64_t>(e) * v.rows * v.row_bytes;
   switch (s.weight_scale) {
     case WeightScale::None: break;

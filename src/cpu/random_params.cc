@@ -32,16 +32,6 @@ struct XorShift {
   }
 };
 
-int64_t packed_cols(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: return cols / 2;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: return cols * 3 / 4;
-    default: return cols;
-  }
-}
-
 MxElem mx_elem_of(WeightFormat f) {
   return f == WeightFormat::Mxfp4 ? MxElem::Fp4E2M1 : f == WeightFormat::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp6E3M2;
 }
@@ -56,7 +46,7 @@ struct ProjOut {
 // Fills projection `rows × cols` of local expert e.
 void fill_projection(const RandomExpertsSpec& spec, const SchemeInfo& s, int e, int rows, int cols, ProjOut o,
                      uint64_t seed) {
-  const int64_t pc = packed_cols(s.weight, cols);
+  const int64_t pc = weight_packed_cols(s.weight, cols);
   const float sigma = 1.0f / std::sqrt(static_cast<float>(cols));
   uint8_t* wbytes = reinterpret_cast<uint8_t*>(o.weight->mutable_data());
   const int64_t esz = s.weight == WeightFormat::BF16 ? dtype_bits(o.weight->dtype()) / 8 : 1;
@@ -227,8 +217,8 @@ ExpertParams make_random_expert_params(const RandomExpertsSpec& spec) {
                     : s.weight == WeightFormat::Int8  ? DType::I8
                     : s.weight == WeightFormat::Fp8E4M3 ? DType::F8_E4M3
                                                         : DType::U8;
-  p.w13_weight = Tensor::zeros(wdt, {nl, R13, packed_cols(s.weight, H)});
-  p.w2_weight = Tensor::zeros(wdt, {nl, H, packed_cols(s.weight, I)});
+  p.w13_weight = Tensor::zeros(wdt, {nl, R13, weight_packed_cols(s.weight, H)});
+  p.w2_weight = Tensor::zeros(wdt, {nl, H, weight_packed_cols(s.weight, I)});
   switch (s.weight_scale) {
     case WeightScale::None: break;
     case WeightScale::PerTensor:

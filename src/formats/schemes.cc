@@ -124,4 +124,14 @@ bool act_is_static(ActQuant a) { return a == A::Fp8Static || a == A::Int8Static 
 bool act_is_quantized(ActQuant a) { return a != A::None; }
 int weight_block_size(WeightFormat f) { return is_mx_weight(f) ? 32 : f == W::Nvfp4 ? 16 : 0; }
 
+int64_t weight_packed_cols(WeightFormat f, int64_t cols) {
+  switch (f) {
+    case W::Mxfp4:
+    case W::Nvfp4: return cols / 2;
+    case W::Mxfp6E2M3:
+    case W::Mxfp6E3M2: return cols * 3 / 4;
+    default: return cols;
+  }
+}
+
 }  // namespace qmoe

@@ -107,6 +107,20 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+float float_at(const Tensor& t, int64_t i) {
+  const std::byte* p = t.data();
+  if (t.dtype() == DType::F32) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  if (t.dtype() != DType::BF16 && t.dtype() != DType::F16)
+    throw Error(fmt::format("float_at: a {} tensor (expected F32, BF16 or F16)", dtype_name(t.dtype())));
+  uint16_t b;
+  std::memcpy(&b, p + 2 * i, 2);
+  return t.dtype() == DType::BF16 ? bf16_decode(b) : fp16_decode(b);
+}
+
 std::vector<float> to_f32(const Tensor& t, std::string_view what) {
   const int64_t n = t.numel();
   std::vector<float> out(static_cast<size_t>(n));

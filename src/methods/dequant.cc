@@ -23,18 +23,6 @@ MxElem mx_elem_of(WeightFormat f) {
   }
 }
 
-// Element i of a F32 / BF16 / F16 tensor (memcpy: views of a mapped file need not be aligned).
-float float_at(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::F32) {
-    float v;
-    std::memcpy(&v, t.data() + 4 * i, 4);
-    return v;
-  }
-  uint16_t b;
-  std::memcpy(&b, t.data() + 2 * i, 2);
-  return t.dtype() == DType::BF16 ? bf16_decode(b) : fp16_decode(b);
-}
-
 // Which w13 shard (0 = gate / w1, 1 = up / w3) parameter row r belongs to.
 int shard_of_row(const ExpertParams& p, int64_t r) {
   return p.act.interleaved ? static_cast<int>(r % 2) : (r < p.inter ? 0 : 1);

@@ -11,17 +11,6 @@ namespace qmoe::cuda::test {
 
 namespace {
 
-int64_t packed_cols(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: return cols / 2;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: return cols * 3 / 4;
-    case WeightFormat::BF16: return cols;
-    default: return cols;
-  }
-}
-
 MxElem mx_elem(WeightFormat f) {
   return f == WeightFormat::Mxfp4 ? MxElem::Fp4E2M1 : f == WeightFormat::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp6E3M2;
 }
@@ -35,7 +24,7 @@ float absmax(const float* v, int64_t n) {
 // Quantize master [E_loc][rows][cols] into the scheme's processed tensors.
 void quantize_proj(const SchemeInfo& s, const std::vector<float>& m, int E_loc, int rows, int cols, Tensor& w,
                    Tensor& scale, Tensor& scale2) {
-  const int64_t pc = packed_cols(s.weight, cols);
+  const int64_t pc = weight_packed_cols(s.weight, cols);
   const int64_t per_e = int64_t{rows} * cols;
   switch (s.weight) {
     case WeightFormat::BF16: {

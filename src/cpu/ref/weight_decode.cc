@@ -23,20 +23,6 @@ ProjDims dims_of(const ExpertParams& p, Proj which) {
 
 const char* name_of(Proj which) { return which == Proj::W13 ? "w13" : "w2"; }
 
-// Bytes of one packed weight row of `cols` elements.
-int64_t packed_cols(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4:
-      return cols / 2;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2:
-      return cols * 3 / 4;
-    default:
-      return cols;
-  }
-}
-
 bool dtype_in(DType d, std::initializer_list<DType> ok) {
   for (DType o : ok)
     if (o == d) return true;
@@ -81,7 +67,7 @@ void validate_proj(const ExpertParams& p, Proj which, const char* who) {
                             to_string(s.weight), bs));
   if ((s.weight == WeightFormat::Mxfp6E2M3 || s.weight == WeightFormat::Mxfp6E3M2) && d.cols % 4 != 0)
     throw Error(fmt::format("{}: {} input dimension {} is not a multiple of 4 (fp6 packing)", who, pre, d.cols));
-  const int64_t pc = packed_cols(s.weight, d.cols);
+  const int64_t pc = weight_packed_cols(s.weight, d.cols);
   const ShapeSpec wshape = spec_of({el, d.rows, pc});
   const Tensor& w = which == Proj::W13 ? p.w13_weight : p.w2_weight;
   const Tensor& sc = which == Proj::W13 ? p.w13_weight_scale : p.w2_weight_scale;
@@ -125,18 +111,6 @@ void validate_proj(const ExpertParams& p, Proj which, const char* who) {
     check_tensor(b, pre, "_bias", {DType::F32, DType::BF16, DType::F16}, el * d.rows, spec_of({el, d.rows}), who);
 }
 
-// Element i of a F32 / BF16 / F16 tensor (memcpy: views of a mapped file need not be aligned).
-float plain_value(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::F32) {
-    float v;
-    std::memcpy(&v, t.data() + 4 * i, 4);
-    return v;
-  }
-  uint16_t b;
-  std::memcpy(&b, t.data() + 2 * i, 2);
-  return t.dtype() == DType::BF16 ? bf16_decode(b) : fp16_decode(b);
-}
-
 }  // namespace
 
 void validate_expert_params(const ExpertParams& p, const char* who) {
@@ -174,7 +148,7 @@ void decode_bias(const ExpertParams& p, Proj which, int e, std::vector<float>& o
   const Tensor& b = which == Proj::W13 ? p.w13_bias : p.w2_bias;
   if (!b.defined()) return;
   for (int64_t r = 0; r < d.rows; ++r)
-    out[static_cast<size_t>(r)] = plain_value(b, static_cast<int64_t>(e) * d.rows + r);
+    out[static_cast<size_t>(r)] = float_at(b, static_cast<int64_t>(e) * d.rows + r);
 }
 
 }  // namespace qmoe::ref
