@@ -30,17 +30,8 @@ MxElem mx_elem_of(WeightFormat f) {
   throw Error(fmt::format("internal: weight format {} is not an MX format", to_string(f)));
 }
 
-// Packed bytes per row of `in` elements.
-int64_t packed_row_bytes(WeightFormat f, int64_t in) {
-  switch (f) {
-    case WeightFormat::Mxfp4:
-    case WeightFormat::Nvfp4: return in / 2;
-    case WeightFormat::Mxfp6E2M3:
-    case WeightFormat::Mxfp6E3M2: return in * 3 / 4;
-    case WeightFormat::BF16: return in * 2;
-    default: return in;
-  }
-}
+// Packed bytes per row of `in` elements (the quantizer writes unquantized rows as bf16).
+int64_t packed_row_bytes(WeightFormat f, int64_t in) { return weight_packed_cols(f, in) * (f == WeightFormat::BF16 ? 2 : 1); }
 
 std::string join(std::string_view prefix, std::string_view suffix) {
   std::string s(prefix);
