@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "cpu/random_params.h"
 #include "qmoe/error.h"
 #include "qmoe/moe.h"
@@ -14,15 +15,6 @@
 
 namespace qmoe::test {
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 MoELayer make_layer(const SchemeInfo& s, Kernel k) {
   cpu::RandomExpertsSpec spec;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "qmoe/error.h"
 #include "qmoe/safetensors.h"
 
@@ -76,16 +77,6 @@ inline std::shared_ptr<SafetensorsFile> parse_bytes(const std::vector<uint8_t>& 
   if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
   const uint8_t* p = copy.get();
   return SafetensorsFile::from_bytes(std::shared_ptr<const void>(copy, copy.get()), p, bytes.size(), name);
-}
-
-// The qmoe::Error message thrown by `fn`, or "" when it did not throw (other exceptions propagate).
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const qmoe::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 inline std::string conformance_dir() { return QMOE_SOURCE_DIR "/../shared/conformance/cases/"; }

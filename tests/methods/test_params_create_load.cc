@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 
+#include "error_of.h"
 #include "methods_test_util.h"
 #include "qmoe/error.h"
 #include "qmoe/params.h"
@@ -14,15 +15,6 @@
 
 namespace qmoe::test {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(CreateExpertParams, ShapesAndInitialValuesForEveryScheme) {
   const int64_t E = 3, H = 64, I = 32;

@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "error_of.h"
 #include "methods_test_util.h"
 #include "qmoe/error.h"
 #include "qmoe/params.h"
@@ -12,15 +13,6 @@
 
 namespace qmoe::test {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 LoadOptions tp(int r, int n) {
   LoadOptions o;

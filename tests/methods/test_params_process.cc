@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "error_of.h"
 #include "methods_test_util.h"
 #include "qmoe/error.h"
 #include "qmoe/formats.h"
@@ -15,15 +16,6 @@
 
 namespace qmoe::test {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string pname(int e, const char* proj, const char* suffix) {
   return "model.layers.0.mlp.experts." + std::to_string(e) + "." + proj + "." + suffix;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "error_of.h"
 #include "qmoe/config.h"
 #include "qmoe/error.h"
 #include "qmoe/schemes.h"
@@ -35,16 +36,6 @@ inline std::string lower(std::string s) {
 
 inline bool contains_ci(const std::string& haystack, const std::string& needle) {
   return lower(haystack).find(lower(needle)) != std::string::npos;
-}
-
-// The qmoe::Error message of fn, or "<no error>" when it does not throw.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 // The Quark quantization_config of a registry scheme, as a mutable JSON object.

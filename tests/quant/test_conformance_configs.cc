@@ -80,7 +80,7 @@ TEST(ConformanceConfigs, SchemeResolvesOrFailsWithKeyword) {
     const ModelConfig cfg = ModelConfig::load(c.dir);
     if (config_stage_error(c)) {
       const std::string msg = error_of([&] { (void)resolve_moe_scheme(cfg, 0); });
-      ASSERT_NE(msg, "<no error>");
+      ASSERT_NE(msg, "");
       bool any = false;
       for (const auto& kw : c.meta.at("error_keywords")) any = any || contains_ci(msg, kw.get<std::string>());
       EXPECT_TRUE(any) << msg;

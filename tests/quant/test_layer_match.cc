@@ -80,7 +80,7 @@ TEST(LayerMatch, ExclusionWinsOverInvalidConfig) {
   Json q = quark_json("w_mxfp4_a_mxfp4", {"model.layers.1.mlp.experts"});
   q["global_quant_config"]["input_tensors"]["is_dynamic"] = false;  // invalid, but never resolved
   EXPECT_TRUE(resolve_layer(q, 1).excluded);
-  EXPECT_NE(error_of([&] { resolve_layer(q, 0); }), "<no error>");
+  EXPECT_NE(error_of([&] { resolve_layer(q, 0); }), "");
 }
 
 TEST(LayerMatch, LayerQuantConfigFirstMatchInFileOrder) {
