@@ -559,15 +559,22 @@ void i8_kernel(const uint8_t* const* w, int64_t stride, const uint8_t* const* ac
     T::hsum_rows_i32(acc[0], res[0]);
     return;
   }
-  for (int k = 0; k < K; k += T::kI8Step) {
+  // Steps wholly inside K with a constant count (no bounds test: the tail's zero-padding path
+  // inside the steady loop had GCC keep an accumulator in memory; AVX2, Zen 3, one core, K = 2048,
+  // N = 1536, 8 tokens: see bench/RESULTS.md 2026-12-07, session 45), then the tail.
+  auto step = [&](int k, auto full) {
     typename T::I av[NT];
     for (int t = 0; t < NT; ++t) av[t] = T::i8_act(act[t] + k);
     for (int i = 0; i < kNR; ++i) {
       if ((k & 63) == 0) prefetch_seq<_MM_HINT_T1>(w[0], dist, k >> 6, i, kNR, 64);  // a plain stream (as DecByte's)
-      const typename T::I wv = T::i8_weights(w[i] + k, K - k);
+      const typename T::I wv = T::i8_weights(w[i] + k, decltype(full)::value ? T::kI8Step : K - k);
       for (int t = 0; t < NT; ++t) acc[t][i] = T::i8_dot(acc[t][i], wv, av[t]);
     }
-  }
+  };
+  const int kfull = K / T::kI8Step * T::kI8Step;
+  int k = 0;
+  for (; k < kfull; k += T::kI8Step) step(k, std::true_type{});
+  for (; k < K; k += T::kI8Step) step(k, std::false_type{});
   for (int t = 0; t < NT; ++t) T::hsum_rows_i32(acc[t], res[t]);
 }
 
