@@ -670,6 +670,22 @@ static int act_chunk(int I, int TK, ActQuant mode, int num_sms) {
   return ((I + chunks - 1) / chunks + 31) / 32 * 32;
 }
 
+static bool act_ilp3_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_ACT_ILP3");
+  return on;
+}
+
+// (thread, group) slots of one row's blocks that hold no 4-feature group when each thread takes
+// `ilp` of the row's `groups`, blocks sized as launch_act sizes them. Prefill takes 3 groups per
+// thread where that idles fewer slots than 4 (qwen3-30b-a3b's I = 768: 192 groups, 64 threads × 3
+// with none idle against 64 × 4 with a quarter idle).
+static int act_idle_slots(int groups, int ilp) {
+  const int per = (groups + ilp - 1) / ilp;
+  const int threads = std::min(kActVecThreads, (per + 31) / 32 * 32);
+  const int blocks = (per + threads - 1) / threads;
+  return blocks * threads * ilp - groups;
+}
+
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
                 unsigned* amax_bits, int num_sms, cudaStream_t s) {
@@ -681,12 +697,15 @@ void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot
     // feature per thread, 256-thread blocks, 4 split partials at a time.
     if (act_vec4_fits(I, y1p, b13, q, out)) {  // WIP: V = 4 at decode too (measured 1.00-1.03x, untested)
       const int64_t groups = static_cast<int64_t>(TK) * (I / 4);
-      const int ilp = groups >= int64_t{kActVecWaves} * num_sms * 2048 ? 4 : 1;
+      int ilp = groups >= int64_t{kActVecWaves} * num_sms * 2048 ? 4 : 1;
+      if (ilp == 4 && act_ilp3_enabled() && act_idle_slots(I / 4, 3) < act_idle_slots(I / 4, 4)) ilp = 3;
       const int per = (I / 4 + ilp - 1) / ilp;  // threads per row
       const int threads = std::min(kActVecThreads, (per + 31) / 32 * 32);
       const dim3 grid(TK, (per + threads - 1) / threads);
       if (ilp == 4)
         launch_pdl(act_vec_kernel<4, 4, 1>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
+      else if (ilp == 3)
+        launch_pdl(act_vec_kernel<4, 3, 1>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
       else
         launch_pdl(act_vec_kernel<4, 1, 4>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
     } else {

@@ -608,24 +608,26 @@ TEST(CudaExperts, RefusesRowsWiderThanSharedMemory) {
   }
 }
 
-// The activation kernel's 4-groups-per-thread form (8 waves of resident threads on a 132-SM
-// H200: T·K · I / 4 = 8192 · 272 groups), both gate / up layouts.
+// The activation kernel's many-groups-per-thread forms (8 waves of resident threads on a 132-SM
+// H200: T·K · I / 4 = 8192 · 272 groups), both gate / up layouts: I = 1088 (272 groups a row)
+// takes 3 groups per thread (96 threads, 16 slots idle against 112 with 4), I = 1280 (320) 4.
 TEST(CudaExperts, PrefillActivationManyRows) {
   SKIP_WITHOUT_GPU();
   if (small()) GTEST_SKIP() << "QMOE_TEST_SMALL";
-  for (const char* n : {"w_mxfp4_a_mxfp4", "nvfp4", "w_mxfp4"}) {
-    const SchemeInfo& s = scheme_by_name(n);
-    Problem pb;
-    pb.T = 4096;
-    pb.K = 2;
-    pb.E = 4;
-    pb.H = 128;
-    pb.I = 1088;
-    pb.act.kind = Activation::SwigluOai;
-    pb.act.interleaved = std::string(n) != "nvfp4";
-    pb.act.limit = 7.0f;
-    expect_exact(s, run_problem(s, pb), pb.T, n);
-  }
+  for (const int I : {1088, 1280})
+    for (const char* n : {"w_mxfp4_a_mxfp4", "nvfp4", "w_mxfp4"}) {
+      const SchemeInfo& s = scheme_by_name(n);
+      Problem pb;
+      pb.T = 4096;
+      pb.K = 2;
+      pb.E = 4;
+      pb.H = 128;
+      pb.I = I;
+      pb.act.kind = Activation::SwigluOai;
+      pb.act.interleaved = std::string(n) != "nvfp4";
+      pb.act.limit = 7.0f;
+      expect_exact(s, run_problem(s, pb), pb.T, std::string(n) + " I=" + std::to_string(I));
+    }
 }
 
 TEST(CudaExperts, LargerPrefill) {
