@@ -30,11 +30,16 @@ constexpr bool wgmma_supported(WFmt f, AFmt a) {
 //  * FP8: 8 / 16 / 32 (mma.sync), wgmma 64 from a mean of 32 (deepseek-v3 T = 1024: 4408 vs
 //    4893 µs on mma.sync 32), 128 from 64;
 //  * the other register-decode formats (FP4, FP6; W4A4, W6A6, W4A8, bf16 activations): 8 / 16 /
-//    32 to a mean of 36, wgmma 64 to 60, 128 above. One pass over an expert's weights per tile is
-//    what counts: at 40–56 tokens per expert the 32-token tile streams the weights twice and the
-//    128-token tile wastes half its MMAs (mixtral-8x7b W4A4 at 48: 673 / 516 / 726 µs on 32 / 64 /
-//    128, gpt-oss-120b 1759 / 1352 / 1812); at 24 the 32-token tile is ahead (373 vs 483), at 64
-//    the 128-token tile on mixtral (747 vs 881; gpt-oss-120b 1898 vs 1815);
+//    32 to a mean of 26 (FP4) / 20 (FP6), wgmma 64 to 60, 128 above. One pass over an expert's
+//    weights per tile is what counts: at 40–56 tokens per expert the 32-token tile streams the
+//    weights twice and the 128-token tile wastes half its MMAs (mixtral-8x7b W4A4 at 48: 673 / 516
+//    / 726 µs on 32 / 64 / 128, gpt-oss-120b 1759 / 1352 / 1812); at 64 the 128-token tile on
+//    mixtral (747 vs 881; gpt-oss-120b 1898 vs 1815). The 32 → 64 step re-measured after the
+//    persistent warp-specialised 64-token kernel (H100, bench/RESULTS.md 2026-12-07, session 45:
+//    +tile32 / +tile64 at 20 / 24 / 28 / 32 tokens per expert on deepseek-v3, gpt-oss-120b and
+//    mixtral-8x7b): FP4 (W4A4, NVFP4, W4A16 +bf16act) 32 ahead by 3–17 % at 20, 0–10 % at 24
+//    (W4A16 on deepseek-v3 the other way), 64 ahead or level at 28 and by 4–24 % at 32 (deepseek-v3
+//    W4A4 3951 vs 3207 µs); MXFP6 W6A6 64 ahead or level from 20 (deepseek-v3 3761 vs 3433);
 //  * `split` (fp32-accurate activations as bf16 hi + lo: twice the activation stage): 16-token
 //    tiles to a mean of 24, 32 to 40, then 64 at every size — the 128-token tile with both halves
 //    leaves too few stages (mixtral-8x7b w_mxfp4 at 256 / 1024 tokens per expert: 3009 / 11505 µs
@@ -49,7 +54,8 @@ struct TileRow {
 inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
   static constexpr TileRow kSmemA[] = {{24, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
-  static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {36, 32}, {60, 64}, {1e300, 128}};
+  static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {26, 32}, {60, 64}, {1e300, 128}};
+  static constexpr TileRow kRegFp6[] = {{4.5, 8}, {12.5, 16}, {20, 32}, {60, 64}, {1e300, 128}};
   static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {40, 32}, {1e300, 64}};
   // MXFP6 has no 128-token wgmma tile with the split (wgmma_supported): the split rows never ask for it.
   static_assert(kRegSplit[std::size(kRegSplit) - 1].bt == 64, "the split rows stop at the 64-token tile");
@@ -61,7 +67,8 @@ inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
       if (mean < r.below) return r.bt;
     return 128;
   };
-  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : split ? pick(kRegSplit) : pick(kReg);
+  const bool fp6 = f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2;
+  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : split ? pick(kRegSplit) : fp6 ? pick(kRegFp6) : pick(kReg);
   return smem_a ? pick(kNoWgSmemA) : pick(kNoWg);
 }
 
