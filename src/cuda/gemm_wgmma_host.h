@@ -67,9 +67,11 @@ inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
       if (mean < r.below) return r.bt;
     return 128;
   };
-  const bool fp6 = f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2;
-  if (wg) return smem_a ? pick(kSmemA) : f == WFmt::FP8 ? pick(kRegFp8) : split ? pick(kRegSplit) : fp6 ? pick(kRegFp6) : pick(kReg);
-  return smem_a ? pick(kNoWgSmemA) : pick(kNoWg);
+  if (!wg) return smem_a ? pick(kNoWgSmemA) : pick(kNoWg);
+  if (smem_a) return pick(kSmemA);
+  if (f == WFmt::FP8) return pick(kRegFp8);
+  if (split) return pick(kRegSplit);
+  return f == WFmt::MXFP6_E2M3 || f == WFmt::MXFP6_E3M2 ? pick(kRegFp6) : pick(kReg);
 }
 
 // True when the current device runs this build's wgmma kernels: the library was compiled with an

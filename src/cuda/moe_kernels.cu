@@ -675,33 +675,38 @@ static bool act_ilp3_enabled() {
   return on;
 }
 
-// (thread, group) slots of one row's blocks that hold no 4-feature group when each thread takes
-// `ilp` of the row's `groups`, blocks sized as launch_act sizes them. Prefill takes 3 groups per
+// The blocks of one row of `groups` 4-feature groups when each thread takes `ilp` of them: the
+// threads a block (the row's share rounded to the warp, at most kActVecThreads) and the blocks a
+// row; `idle` counts the (thread, group) slots that hold no group. Prefill takes 3 groups per
 // thread where that idles fewer slots than 4 (qwen3-30b-a3b's I = 768: 192 groups, 64 threads × 3
 // with none idle against 64 × 4 with a quarter idle).
-static int act_idle_slots(int groups, int ilp) {
-  const int per = (groups + ilp - 1) / ilp;
+struct ActRowBlocks {
+  int threads, blocks, idle;
+};
+static ActRowBlocks act_row_blocks(int groups, int ilp) {
+  const int per = (groups + ilp - 1) / ilp;  // threads per row
   const int threads = std::min(kActVecThreads, (per + 31) / 32 * 32);
   const int blocks = (per + threads - 1) / threads;
-  return blocks * threads * ilp - groups;
+  return {threads, blocks, blocks * threads * ilp - groups};
 }
 
 void launch_act(const float* y1p, int ksplit, int TK, int I, const int32_t* slot_local, const float* b13,
                 const ActParams& act, const RowQuant& q, const RowOut& out, bool defer, float* zbuf,
                 unsigned* amax_bits, int num_sms, cudaStream_t s) {
   if (act_vec_mode(q, defer)) {
-    // Many rows (prefill): 4 features per thread, and 4 such groups per thread once the groups
-    // fill kActVecWaves waves of resident threads (fewer threads per SM would leave the per-thread
-    // chain exposed: qwen3-30b-a3b T = 64 ran 2.5 % slower with 4 groups), the block sized to the
-    // row's share (rounded to the warp); few rows (decode), or a row that V = 4 does not fit: one
-    // feature per thread, 256-thread blocks, 4 split partials at a time.
+    // Many rows (prefill): 4 features per thread, and 4 such groups per thread (3 where that
+    // idles fewer slots, act_row_blocks) once the groups fill kActVecWaves waves of resident
+    // threads (fewer threads per SM would leave the per-thread chain exposed: qwen3-30b-a3b T = 64
+    // ran 2.5 % slower with 4 groups), the block sized to the row's share (rounded to the warp);
+    // few rows (decode), or a row that V = 4 does not fit: one feature per thread, 256-thread
+    // blocks, 4 split partials at a time.
     if (act_vec4_fits(I, y1p, b13, q, out)) {  // WIP: V = 4 at decode too (measured 1.00-1.03x, untested)
       const int64_t groups = static_cast<int64_t>(TK) * (I / 4);
       int ilp = groups >= int64_t{kActVecWaves} * num_sms * 2048 ? 4 : 1;
-      if (ilp == 4 && act_ilp3_enabled() && act_idle_slots(I / 4, 3) < act_idle_slots(I / 4, 4)) ilp = 3;
-      const int per = (I / 4 + ilp - 1) / ilp;  // threads per row
-      const int threads = std::min(kActVecThreads, (per + 31) / 32 * 32);
-      const dim3 grid(TK, (per + threads - 1) / threads);
+      if (ilp == 4 && act_ilp3_enabled() && act_row_blocks(I / 4, 3).idle < act_row_blocks(I / 4, 4).idle) ilp = 3;
+      const ActRowBlocks rb = act_row_blocks(I / 4, ilp);
+      const int threads = rb.threads;
+      const dim3 grid(TK, rb.blocks);
       if (ilp == 4)
         launch_pdl(act_vec_kernel<4, 4, 1>, grid, threads, 0, s, y1p, ksplit, TK, I, slot_local, b13, act, q, out);
       else if (ilp == 3)

@@ -31,7 +31,9 @@ MxElem mx_elem_of(WeightFormat f) {
 }
 
 // Packed bytes per row of `in` elements (the quantizer writes unquantized rows as bf16).
-int64_t packed_row_bytes(WeightFormat f, int64_t in) { return weight_packed_cols(f, in) * (f == WeightFormat::BF16 ? 2 : 1); }
+int64_t packed_row_bytes(WeightFormat f, int64_t in) {
+  return weight_packed_cols(f, in) * (f == WeightFormat::BF16 ? 2 : 1);
+}
 
 std::string join(std::string_view prefix, std::string_view suffix) {
   std::string s(prefix);

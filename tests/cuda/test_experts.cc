@@ -57,6 +57,24 @@ struct Problem {
   std::vector<int32_t> forced_ids;    // overrides random routing
 };
 
+// The activation kernels' problems: T tokens, top-2 of 4 experts, H = 128, intermediate size I;
+// `interleaved`: gpt-oss's interleaved gate / up rows with swigluoai and its limit of 7, else SiLU
+// over gate / up halves.
+Problem gate_up_problem(int T, int I, bool interleaved) {
+  Problem pb;
+  pb.T = T;
+  pb.K = 2;
+  pb.E = 4;
+  pb.H = 128;
+  pb.I = I;
+  if (interleaved) {
+    pb.act.kind = Activation::SwigluOai;
+    pb.act.interleaved = true;
+    pb.act.limit = 7.0f;
+  }
+  return pb;
+}
+
 struct Result {
   std::vector<float> gpu, ref;
   double rel = 0.0;
@@ -547,16 +565,7 @@ TEST_P(CudaExpertsEdge, DecodeSplitsLongIntermediateRows) {
   for (const int I : {3072, 2080})
     for (const int T : {1, 3})
       for (const bool interleaved : {false, true}) {
-        Problem pb;
-        pb.T = T;
-        pb.H = 128;
-        pb.I = I;
-        pb.E = 4;
-        if (interleaved) {
-          pb.act.kind = Activation::SwigluOai;
-          pb.act.interleaved = true;
-          pb.act.limit = 7.0f;
-        }
+        const Problem pb = gate_up_problem(T, I, interleaved);
         const std::string what = "I=" + std::to_string(I) + " T=" + std::to_string(T) + (interleaved ? " interleaved" : "");
         expect_exact(s, run_problem(s, pb), pb.T, what);
       }
@@ -570,17 +579,7 @@ TEST_P(CudaExpertsEdge, PrefillActivationLayouts) {
   if (weight_block_size(s.weight) == 0) sizes.push_back(50);
   for (const int I : sizes)
     for (const bool interleaved : {false, true}) {
-      Problem pb;
-      pb.T = 300;
-      pb.K = 2;
-      pb.E = 4;
-      pb.H = 128;
-      pb.I = I;
-      if (interleaved) {
-        pb.act.kind = Activation::SwigluOai;
-        pb.act.interleaved = true;
-        pb.act.limit = 7.0f;
-      }
+      const Problem pb = gate_up_problem(300, I, interleaved);
       expect_exact(s, run_problem(s, pb), pb.T, "I=" + std::to_string(I) + (interleaved ? " interleaved" : ""));
     }
 }
@@ -617,15 +616,8 @@ TEST(CudaExperts, PrefillActivationManyRows) {
   for (const int I : {1088, 1280})
     for (const char* n : {"w_mxfp4_a_mxfp4", "nvfp4", "w_mxfp4"}) {
       const SchemeInfo& s = scheme_by_name(n);
-      Problem pb;
-      pb.T = 4096;
-      pb.K = 2;
-      pb.E = 4;
-      pb.H = 128;
-      pb.I = I;
-      pb.act.kind = Activation::SwigluOai;
-      pb.act.interleaved = std::string(n) != "nvfp4";
-      pb.act.limit = 7.0f;
+      Problem pb = gate_up_problem(4096, I, true);
+      pb.act.interleaved = std::string(n) != "nvfp4";  // swigluoai over gate / up halves for NVFP4
       expect_exact(s, run_problem(s, pb), pb.T, std::string(n) + " I=" + std::to_string(I));
     }
 }
