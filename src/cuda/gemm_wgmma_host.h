@@ -40,9 +40,15 @@ constexpr bool wgmma_supported(WFmt f, AFmt a) {
 //    mixtral-8x7b): FP4 (W4A4, NVFP4, W4A16 +bf16act) 32 ahead by 3–17 % at 20, 0–10 % at 24
 //    (W4A16 on deepseek-v3 the other way), 64 ahead or level at 28 and by 4–24 % at 32 (deepseek-v3
 //    W4A4 3951 vs 3207 µs); MXFP6 W6A6 64 ahead or level from 20 (deepseek-v3 3761 vs 3433);
-//  * `split` (fp32-accurate activations as bf16 hi + lo: twice the activation stage): 16-token
-//    tiles to a mean of 24, 32 to 40, then 64 at every size — the 128-token tile with both halves
-//    leaves too few stages (mixtral-8x7b w_mxfp4 at 256 / 1024 tokens per expert: 3009 / 11505 µs
+//  * `split` (fp32-accurate activations as bf16 hi + lo: twice the activation stage; the weight-only
+//    FP4 / FP6 schemes, whose GEMM1 runs unsplit on a bf16 input but whose GEMM2 still splits):
+//    16-token tiles to a mean of 16, 32 to 20, then 64 at every size. Re-measured on an H100
+//    (bench/RESULTS.md 2026-12-07, session 46: w_mxfp4 / w_mxfp6 with fp32 and bf16 inputs, +tile16
+//    / 32 / 64 at 4…48 tokens per expert on mixtral-8x7b, qwen3-30b-a3b, gpt-oss-120b): at 20–28
+//    the 64-token tile is 1.0–1.3× the 16 / 32 ones (mixtral-8x7b w_mxfp4 at 20 / 24: 648 / 688 µs
+//    on 16 against 491 / 499 on 64), qwen3-30b-a3b at 24 the one point the other way (32 ahead by
+//    3–13 %); at 16 the three are within 8 % (before: 16 to 24, 32 to 40). Never 128: that tile
+//    with both halves leaves too few stages (mixtral-8x7b w_mxfp4 at 256 / 1024 tokens per expert: 3009 / 11505 µs
 //    on 64 against 3748 / 13149 on 128; MXFP6, which has no 128-token wgmma tile with the split,
 //    3580 / 12541 on 64 against 5066 / 22798 on mma.sync 32);
 //  * without wgmma: 8 / 16 / 32, 64 from a mean of 48 for BF16 / INT8, 128 above 256 (the rule
@@ -56,7 +62,7 @@ inline int token_tile_for(WFmt f, double mean, bool wg, bool split) {
   static constexpr TileRow kRegFp8[] = {{4.5, 8}, {12.5, 16}, {32, 32}, {64, 64}, {1e300, 128}};
   static constexpr TileRow kReg[] = {{4.5, 8}, {12.5, 16}, {26, 32}, {60, 64}, {1e300, 128}};
   static constexpr TileRow kRegFp6[] = {{4.5, 8}, {12.5, 16}, {20, 32}, {60, 64}, {1e300, 128}};
-  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {24.5, 16}, {40, 32}, {1e300, 64}};
+  static constexpr TileRow kRegSplit[] = {{4.5, 8}, {16.5, 16}, {20, 32}, {1e300, 64}};
   // MXFP6 has no 128-token wgmma tile with the split (wgmma_supported): the split rows never ask for it.
   static_assert(kRegSplit[std::size(kRegSplit) - 1].bt == 64, "the split rows stop at the 64-token tile");
   static constexpr TileRow kNoWgSmemA[] = {{4.5, 8}, {12.5, 16}, {48, 32}, {256.5, 64}, {1e300, 128}};
