@@ -218,7 +218,13 @@ struct AlignArgs {
   // Tests of the launch order (launch.cuh): align holds back this long after it lets its
   // dependants start and before it writes anything (set_align_debug_delay_ns; 0 in use).
   int debug_delay_ns = 0;
+  // TK ≤ kWarpAlignSlots: one warp ranks the slots (align_warp in moe_kernels.cu) instead of the
+  // block-wide count and scans over kMaxLocalExperts (warp_align_enabled()).
+  bool warp_rank = false;
 };
+constexpr int kWarpAlignSlots = 32;
+// The one-warp align for decode, on unless QMOE_CUDA_WARP_ALIGN=0 (read once).
+bool warp_align_enabled();
 // For tests: every align launched from now on (CudaExperts::run_device) waits `ns` nanoseconds after
 // its trigger, so that a kernel reading align's outputs before its own wait reads stale ones.
 void set_align_debug_delay_ns(int ns);

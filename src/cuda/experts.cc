@@ -801,6 +801,7 @@ void CudaExperts::run_device(const void* d_x, DType x_dtype, int T, int K, const
   al.tile_m0 = m.tile_m0.as<int32_t>();
   al.num_tiles = m.num_tiles.as<int32_t>();
   al.debug_delay_ns = align_debug_delay_ns();
+  al.warp_rank = TK <= kWarpAlignSlots && warp_align_enabled();
   unsigned* amax = m.amax.as<unsigned>();
   const bool dyn_tensor = sc.act == ActQuant::Fp8DynTensor;
   // Decode without a tensor-wide input scale: align and the input quantization in one launch.

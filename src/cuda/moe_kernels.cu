@@ -24,6 +24,72 @@ constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
 constexpr int kAlignIlp = 8;
 
+// Few slots (T · K ≤ kWarpAlignSlots: decode): warp 0 ranks the slots against each other (a slot's
+// position is the number of slots of lower local experts plus the earlier slots of its own) and
+// lays out the tiles (an expert's first slot writes them, after the tiles of lower experts); then
+// the block writes every local expert's count and offset from the 32 ranked slots. Two barriers and
+// no block-wide scan over the kMaxLocalExperts counters, where the general path below takes five.
+// The outputs are the general path's, except that within an expert the slots are in slot order
+// (there, in atomicAdd order).
+__device__ __forceinline__ void align_warp(const AlignArgs& a) {
+  __shared__ int s_le[kWarpAlignSlots];
+  const int tid = threadIdx.x;
+  if (tid < kWarpAlignSlots) {
+    const int j = tid;
+    int le = -1;
+    if (j < a.TK) {
+      const int id = a.topk_ids[j];
+      le = id >= 0 && id < a.E ? a.expert_map[id] : -1;
+      a.slot_local[j] = le;
+    }
+    int count = 0, lower = 0, earlier = 0;  // slots of this expert, of lower experts, of this expert before j
+#pragma unroll 8
+    for (int k = 0; k < kWarpAlignSlots; ++k) {
+      const int lk = __shfl_sync(0xFFFFFFFFu, le, k);
+      count += lk == le;
+      lower += lk >= 0 && lk < le;
+      earlier += k < j && lk == le;
+    }
+    const int tiles = le >= 0 && earlier == 0 ? (count + a.bt - 1) / a.bt : 0;
+    int toff = 0, total_tiles = 0, total_slots = 0;
+#pragma unroll 8
+    for (int k = 0; k < kWarpAlignSlots; ++k) {
+      const int lk = __shfl_sync(0xFFFFFFFFu, le, k), tk = __shfl_sync(0xFFFFFFFFu, tiles, k);
+      toff += lk >= 0 && lk < le ? tk : 0;
+      total_tiles += tk;
+      total_slots += lk >= 0;
+    }
+    if (le >= 0) {
+      const int p = lower + earlier;
+      a.sorted_slots[p] = j;
+      a.slot_pos[j] = p;
+      for (int q = 0; q < tiles; ++q) {
+        a.tile_expert[toff + q] = le;
+        a.tile_m0[toff + q] = q * a.bt;
+      }
+    }
+    s_le[j] = le;
+    if (j == 0) {
+      a.offsets[a.E_loc] = total_slots;
+      a.num_tiles[0] = total_tiles;
+      a.num_tiles[1] = 0;  // the persistent GEMMs' work counters (GemmArgs::claim)
+      a.num_tiles[2] = 0;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < a.E_loc; e += kAlignThreads) {
+    int count = 0, off = 0;
+#pragma unroll 8
+    for (int k = 0; k < kWarpAlignSlots; ++k) {
+      const int lk = s_le[k];
+      count += lk == e;
+      off += lk >= 0 && lk < e;
+    }
+    a.counts[e] = count;
+    a.offsets[e] = off;
+  }
+}
+
 __device__ __forceinline__ void align_block(const AlignArgs& a) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
@@ -38,6 +104,7 @@ __device__ __forceinline__ void align_block(const AlignArgs& a) {
     }
     __syncthreads();
   }
+  if (a.warp_rank) return align_warp(a);
   __shared__ int s_cnt[kMaxLocalExperts + 1];  // counts, then tile offsets
   __shared__ int s_pos[kMaxLocalExperts];
   int* s_toff = s_cnt;
@@ -312,6 +379,11 @@ void launch_prep_t(const AlignArgs& al, const void* x, int T, int H, const float
 
 bool fused_prep_enabled() {
   static const bool on = env_switch("QMOE_CUDA_FUSE_PREP");
+  return on;
+}
+
+bool warp_align_enabled() {
+  static const bool on = env_switch("QMOE_CUDA_WARP_ALIGN");
   return on;
 }
 

@@ -319,6 +319,32 @@ TEST_P(CudaExpertsEdge, AllTokensOnOneExpert) {
   pb.forced_ids.assign(150, 5);  // 150 slots on expert 5: several tiles of one expert
   expect_exact(s, run_problem(s, pb), pb.T, "all on expert 5");
 }
+// Up to kWarpAlignSlots (32) slots take the one-warp align (moe_kernels.cu align_warp), more the
+// block-wide one: both sides of the bound, with an expert-parallel map (slots on other ranks),
+// every slot on one expert, top-k = E and duplicate-free random routing.
+TEST_P(CudaExpertsEdge, FewSlotsAlignedByOneWarp) {
+  SKIP_WITHOUT_GPU();
+  const SchemeInfo& s = scheme_by_name(GetParam());
+  for (const int T : {1, 3, 16, 17}) {
+    Problem pb;
+    pb.T = T;
+    pb.K = 2;
+    pb.seed = 40 + static_cast<uint64_t>(T);
+    expect_exact(s, run_problem(s, pb), pb.T, "T = " + std::to_string(T) + ", K = 2");
+    pb.expert_map = {-1, -1, 0, 1, 2, 3, -1, -1};
+    expect_exact(s, run_problem(s, pb), pb.T, "T = " + std::to_string(T) + ", EP map");
+  }
+  Problem one;
+  one.T = 32;
+  one.K = 1;
+  one.forced_ids.assign(32, 6);  // 32 slots on expert 6: the tiles of one expert
+  expect_exact(s, run_problem(s, one), one.T, "32 slots on expert 6");
+  Problem all;
+  all.T = 4;
+  all.E = 8;
+  all.K = 8;  // top-k = E: 32 slots, 4 on every expert
+  expect_exact(s, run_problem(s, all), all.T, "T = 4, top-k = E = 8");
+}
 TEST_P(CudaExpertsEdge, TopKEqualsE) {
   SKIP_WITHOUT_GPU();
   const SchemeInfo& s = scheme_by_name(GetParam());
