@@ -539,6 +539,80 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
   }
 }
 
+// MXFP4 W4A4 weight factors: the targets that build 2^(s−127) from the E8M0 bits (AVX2
+// kW4ScaleBits) do so only for row blocks whose bytes are all 1…254; a block holding a 0 (2^−127,
+// subnormal) or a 255 (NaN) takes the table. Rows 0–3: ordinary bytes; row 5: every byte 0 with no
+// bias, so its outputs are ~1e-36, which the bit form would make 0 (and the general test's absolute
+// tolerance cannot see); row 9: one 255, so its outputs are NaN (the bit form gives ±Inf).
+TEST(OptimizedUnits, W4a4MxFactorsFromScaleBitsOnlyForOrdinaryBytes) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  const int rows = 12, k = 192, nb = k / 32, ntok = 5;
+  std::vector<uint8_t> wbytes(static_cast<size_t>(rows * k / 2)), sc(static_cast<size_t>(rows * nb));
+  for (auto& b : wbytes) b = static_cast<uint8_t>(rng());
+  for (auto& s : sc) s = static_cast<uint8_t>(118 + rng() % 16);
+  for (int b = 0; b < nb; ++b) sc[static_cast<size_t>(5 * nb + b)] = 0;
+  sc[static_cast<size_t>(9 * nb + 2)] = 255;
+  // Row 9's codes and every activation positive: each lane of its NaN block has a positive sum, so
+  // a factor of +Inf there would give +Inf, not the NaN the table gives.
+  for (int j = 0; j < k / 2; ++j) wbytes[static_cast<size_t>(9 * k / 2 + j)] = static_cast<uint8_t>((wbytes[static_cast<size_t>(9 * k / 2 + j)] & 0x77) | 0x11);
+  WeightView w;
+  w.fmt = WeightFormat::Mxfp4;
+  w.dtype = DType::U8;
+  w.rows = rows;
+  w.cols = k;
+  w.row_bytes = k / 2;
+  w.data = wbytes.data();
+  w.scales = sc.data();
+  ref::ActQuantRule rule;
+  rule.kind = ActQuant::Mxfp4;
+  const ActLayout layout = make_act_layout(DotKind::Fp4Mx, WeightFormat::Mxfp4, k);
+  std::vector<uint8_t> act(static_cast<size_t>(layout.stride * ntok));
+  std::vector<int32_t> index(ntok);
+  for (int t = 0; t < ntok; ++t) {
+    std::vector<float> x(static_cast<size_t>(k));
+    for (float& v : x) v = 0.1f + std::fabs(nd(rng));
+    QuantRowArgs q{&rule, &layout, 0.0f, x.data(), act.data() + static_cast<int64_t>(t) * layout.stride};
+    quantize_row_scalar(q);
+    index[static_cast<size_t>(t)] = t;
+  }
+  auto run = [&](Isa isa, int nt) {
+    std::vector<float> out(static_cast<size_t>(nt * rows), 0.0f);
+    GemmArgs g;
+    g.w = &w;
+    g.layout = &layout;
+    g.act_base = act.data();
+    g.act_index = index.data();
+    g.ntok = nt;
+    g.row0 = 0;
+    g.row1 = rows;
+    g.out = out.data();
+    g.ldo = rows;
+    kernel_table(isa).gemm(g);
+    return out;
+  };
+  for (int nt : {1, 2, ntok}) {
+    const std::vector<float> want = run(Isa::Scalar, nt);
+    for (int t = 0; t < nt; ++t) {
+      ASSERT_TRUE(std::isnan(want[static_cast<size_t>(t * rows + 9)])) << "row 9 (a NaN scale) t " << t;
+      const float tiny = want[static_cast<size_t>(t * rows + 5)];
+      ASSERT_TRUE(tiny != 0.0f && std::fabs(tiny) < 1e-30f) << "row 5 (2^-127 scales) t " << t << ": " << tiny;
+    }
+    for (Isa isa : isas()) {
+      if (isa == Isa::Scalar || !implements(isa, DotKind::Fp4Mx)) continue;
+      const std::vector<float> got = run(isa, nt);
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(want[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << "isa " << isa_name(isa) << " ntok " << nt << " i " << i << ": " << got[i];
+        } else {
+          // Exact block sums times powers of two: the same value up to the fp32 sum order.
+          EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "isa " << isa_name(isa) << " ntok " << nt << " i " << i;
+        }
+      }
+    }
+  }
+}
+
 // fp8_e4m3_round (the NVFP4 quantizers' block-scale rounding, by bit operations) equals the codec,
 // fp8_e4m3_decode(fp8_e4m3_encode(v)), bit for bit: every float of the binades where the e4m3 grid
 // changes (2^-10 … 2^-5: subnormals to normals; 2^8, 2^9: saturation at 448), the ties of the 3-bit

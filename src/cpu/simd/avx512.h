@@ -402,7 +402,9 @@ struct Avx512 {
       return buf;
     }
   }
-  template <bool kMx, bool kFull>
+  static constexpr bool kW4ScaleBits = false;  // (AVX2's bit-built factors: not measured here)
+  static bool w4_scale_bytes_normal(const uint8_t*, int64_t) { return false; }
+  template <bool kMx, bool kFull, bool kBits = false>
   static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
     if constexpr (kMx) {
       return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f.first(b)), _mm512_set1_ps(f.template second<kFull>(b, nb)));

@@ -632,7 +632,7 @@ struct Fp4Act {
 constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
 
 // One 64-chunk of NR rows (from r0) × NT tokens (kFull: all 64 elements inside K, else zero padded).
-template <class T, bool kMx, int NT, int NR, bool kFull>
+template <class T, bool kMx, int NT, int NR, bool kFull, bool kBits>
 __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf,
                                                    int r0, const Fp4Act* act, int k, int K, typename T::F (&acc)[NT][NR]) {
   using F = typename T::F;
@@ -646,7 +646,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
       const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
-      const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+      const F ws = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
       acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
     }
   } else if constexpr (T::kW4LaneAct) {
@@ -659,7 +659,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
       const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
-      const F ws = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+      const F ws = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
         acc[t][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, T::w4_act(act[t].v + k), T::w4_lane_corr(act[t].lane_corr + c))),
@@ -671,7 +671,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
       w[i] = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
-      ws[i] = T::template w4_weight_scales<kMx, kFull>(wf[r0 + i], b, nb);
+      ws[i] = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
@@ -684,8 +684,9 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
   }
 }
 
-// Rows r0 .. r0 + NR of a block; res[t][r0 + i].
-template <class T, bool kMx, int NT, int NR>
+// Rows r0 .. r0 + NR of a block; res[t][r0 + i]. kBits: the block's MX scale bytes are all 1…254
+// (T::w4_weight_scales).
+template <class T, bool kMx, int NT, int NR, bool kBits>
 void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, int64_t pf_dist,
                float (*res)[kW4Block]) {
   typename T::F acc[NT][NR];
@@ -698,17 +699,27 @@ void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<
     // one line per row every two chunks had the one-token GEMM at half speed from DRAM (Zen 4,
     // one core, K = 2048, N = 1536: 184–215 → 100–102 µs; bench/RESULTS.md 2026-12-06, session 39).
     for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, 32);
-    w4_step<T, kMx, NT, NR, true>(rows, wf, r0, act, k, K, acc);
+    w4_step<T, kMx, NT, NR, true, kBits>(rows, wf, r0, act, k, K, acc);
   }
-  if (k < K) w4_step<T, kMx, NT, NR, false>(rows, wf, r0, act, k, K, acc);
+  if (k < K) w4_step<T, kMx, NT, NR, false, kBits>(rows, wf, r0, act, k, K, acc);
   for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t] + r0);
 }
 
-template <class T, bool kMx, int NT>
+template <class T, bool kMx, int NT, bool kBits>
 void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, int64_t pf_dist,
               float (*res)[kW4Block]) {
   constexpr int NR = T::template kW4Rows<NT>;
-  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR>(rows, wf, r0, act, K, pf_dist, res);
+  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR, kBits>(rows, wf, r0, act, K, pf_dist, res);
+}
+template <class T, bool kMx, bool kBits>
+void w4_block_nt(int nt, const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K,
+                 int64_t pf_dist, float (*res)[kW4Block]) {
+  switch (nt) {
+    case 1: w4_block<T, kMx, 1, kBits>(rows, wf, act, K, pf_dist, res); break;
+    case 2: w4_block<T, kMx, 2, kBits>(rows, wf, act, K, pf_dist, res); break;
+    case 3: w4_block<T, kMx, 3, kBits>(rows, wf, act, K, pf_dist, res); break;
+    default: w4_block<T, kMx, 4, kBits>(rows, wf, act, K, pf_dist, res); break;
+  }
 }
 
 // Output rows [row0, a.row1) for every token, through the row-major kernel.
@@ -747,6 +758,10 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
       wf[i] = i < nr ? T::template w4_row_factors<kMx>(w.scales + static_cast<int64_t>(n) * nb, nb, w.nv_global, factors + i * ld)
                      : wf[nr - 1];
     }
+    // The block's E8M0 bytes all 1…254: factors built from their bits (T::w4_weight_scales).
+    [[maybe_unused]] bool bits = false;
+    if constexpr (kMx && T::kW4ScaleBits)
+      bits = T::w4_scale_bytes_normal(w.scales + static_cast<int64_t>(n0) * nb, static_cast<int64_t>(nr) * nb);
     for (int j0 = 0, nt = 0; j0 < a.ntok; j0 += nt) {
       nt = token_group<T>(a.ntok, j0);
       Fp4Act act[kNT];
@@ -760,11 +775,11 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
         }
       }
       float res[kNT][kW4Block];
-      switch (nt) {
-        case 1: w4_block<T, kMx, 1>(rows, wf, act, K, pf_dist, res); break;
-        case 2: w4_block<T, kMx, 2>(rows, wf, act, K, pf_dist, res); break;
-        case 3: w4_block<T, kMx, 3>(rows, wf, act, K, pf_dist, res); break;
-        default: w4_block<T, kMx, 4>(rows, wf, act, K, pf_dist, res); break;
+      if constexpr (kMx && T::kW4ScaleBits) {
+        if (bits) w4_block_nt<T, kMx, true>(nt, rows, wf, act, K, pf_dist, res);
+        else w4_block_nt<T, kMx, false>(nt, rows, wf, act, K, pf_dist, res);
+      } else {
+        w4_block_nt<T, kMx, false>(nt, rows, wf, act, K, pf_dist, res);
       }
       epilogue(a, n0, nr, j0, nt, res);
     }
