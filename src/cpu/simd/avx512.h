@@ -402,8 +402,7 @@ struct Avx512 {
       return buf;
     }
   }
-  static constexpr bool kW4ScaleBits = false;  // (AVX2's bit-built factors: not measured here)
-  static bool w4_scale_bytes_normal(const uint8_t*, int64_t) { return false; }
+  static constexpr bool kW4ScaleBits = false;  // (AVX2's factors from the E8M0 bits: not measured here)
   template <bool kMx, bool kFull, bool kBits = false>
   static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {
     if constexpr (kMx) {
