@@ -45,6 +45,22 @@ bool implements(Isa isa, DotKind kind) {
   return true;
 }
 
+// One GEMM task over rows [row0, row1) of w for act rows index[0 .. ntok) at act_base; out[j·ldo + n].
+GemmArgs gemm_args(const WeightView& w, const ActLayout& layout, const uint8_t* act_base, const int32_t* index, int ntok,
+                   int row0, int row1, float* out, int64_t ldo) {
+  GemmArgs g;
+  g.w = &w;
+  g.layout = &layout;
+  g.act_base = act_base;
+  g.act_index = index;
+  g.ntok = ntok;
+  g.row0 = row0;
+  g.row1 = row1;
+  g.out = out;
+  g.ldo = ldo;
+  return g;
+}
+
 // Rows that exercise rounding: random normals at several magnitudes, exact grid midpoints, zeros,
 // a zero block, huge values, subnormal-scale blocks.
 std::vector<std::vector<float>> test_rows(int k, std::mt19937& rng) {
@@ -325,17 +341,7 @@ TEST(OptimizedUnits, WeightDecodeMatchesFormats) {
       if (!implements(isa, kind)) continue;
       for (int ntok : {1, c.K}) {  // fused decode (≤ 4 tokens) and the decoded-tile path
         std::vector<float> out(static_cast<size_t>(c.K), -7.0f);
-        GemmArgs g;
-        g.w = &w;
-        g.layout = &layout;
-        g.act_base = act.data();
-        g.act_index = index.data();
-        g.ntok = ntok;
-        g.row0 = 0;
-        g.row1 = 1;
-        g.out = out.data();
-        g.ldo = 1;
-        kernel_table(isa).gemm(g);
+        kernel_table(isa).gemm(gemm_args(w, layout, act.data(), index.data(), ntok, 0, 1, out.data(), 1));
         for (int j = 0; j < ntok; ++j)
           ASSERT_EQ(out[static_cast<size_t>(j)], c.want[static_cast<size_t>(j)])
               << c.name << " kind " << static_cast<int>(kind) << " isa " << isa_name(isa) << " element " << j
@@ -495,16 +501,8 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
     wa.bias = bias_abs.data();
     auto run = [&](Isa isa, int nt, bool magnitude = false) {
       std::vector<float> out(static_cast<size_t>(ntok * rows), 0.0f);
-      GemmArgs g;
-      g.w = magnitude ? &wa : &w;
-      g.layout = &layout;
-      g.act_base = magnitude ? act_abs.data() : act.data();
-      g.act_index = index.data();
-      g.ntok = nt;
-      g.row0 = 1;
-      g.row1 = rows;
-      g.out = out.data();
-      g.ldo = rows;
+      GemmArgs g = gemm_args(magnitude ? wa : w, layout, magnitude ? act_abs.data() : act.data(), index.data(), nt, 1, rows,
+                             out.data(), rows);
       g.post_mul = post.data();
       kernel_table(isa).gemm(g);
       return out;
@@ -578,17 +576,7 @@ TEST(OptimizedUnits, W4a4MxFactorsFromScaleBitsOnlyForOrdinaryBytes) {
   }
   auto run = [&](Isa isa, int nt) {
     std::vector<float> out(static_cast<size_t>(nt * rows), 0.0f);
-    GemmArgs g;
-    g.w = &w;
-    g.layout = &layout;
-    g.act_base = act.data();
-    g.act_index = index.data();
-    g.ntok = nt;
-    g.row0 = 0;
-    g.row1 = rows;
-    g.out = out.data();
-    g.ldo = rows;
-    kernel_table(isa).gemm(g);
+    kernel_table(isa).gemm(gemm_args(w, layout, act.data(), index.data(), nt, 0, rows, out.data(), rows));
     return out;
   };
   for (int nt : {1, 2, ntok}) {
