@@ -436,7 +436,8 @@ struct Avx2 {
   // NVFP4's per-block weight factors of one row, fp8(s)·ws2 (one rounding, as the reference), then
   // 16 zeros. 32 codes at a time through dec_fp8 (the value × 2^−8, exact) times ws2 · 2^8 (exact
   // while finite): the same real product, so the same fp32. A run holding a NaN code (dec_fp8 reads
-  // e4m3's finite codes only) and the tail take the table. The scalar loop was ~40 % of the
+  // e4m3's finite codes only) takes the table; the tail (nb % 32 codes: 16 of K = 768's 48) runs as
+  // the row's last 32 codes, overlapping the run before. The scalar loop was ~40 % of the
   // one-token GEMM (Zen 3, one core, K = 2048, N = 1536: 188 µs, 110 without the factors;
   // bench/RESULTS.md 2026-12-06, session 42).
   static void w4_nv_factors(const uint8_t* sc, int nb, float ws2, float* f) {
@@ -452,6 +453,16 @@ struct Avx2 {
         F w[4];
         dec_fp8(sc + b, 32, w);
         for (int j = 0; j < 4; ++j) _mm256_storeu_ps(f + b + 8 * j, _mm256_mul_ps(w[j], m));
+      }
+      if (b + 32 > nb && b < nb && nb >= 32) {  // the tail: the row's last 32 codes, overlapping the run before
+        const int t = nb - 32;
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + t));
+        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(x, low7), low7)) == 0) {
+          F w[4];
+          dec_fp8(sc + t, 32, w);
+          for (int j = 0; j < 4; ++j) _mm256_storeu_ps(f + t + 8 * j, _mm256_mul_ps(w[j], m));
+          b = nb;
+        }
       }
     }
     for (; b < nb; ++b) f[b] = table[sc[b]] * ws2;
