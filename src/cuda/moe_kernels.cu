@@ -24,6 +24,15 @@ constexpr int kAlignThreads = 1024;
 constexpr int kAlignItems = kMaxLocalExperts / kAlignThreads;
 constexpr int kAlignIlp = 8;
 
+// align's totals (by one thread): the slot count after the last expert's offset, the tile count,
+// and the persistent GEMMs' two work counters reset (GemmArgs::claim).
+__device__ __forceinline__ void align_totals(const AlignArgs& a, int total_slots, int total_tiles) {
+  a.offsets[a.E_loc] = total_slots;
+  a.num_tiles[0] = total_tiles;
+  a.num_tiles[1] = 0;
+  a.num_tiles[2] = 0;
+}
+
 // Few slots (T · K ≤ kWarpAlignSlots: decode): warp 0 ranks the slots against each other (a slot's
 // position is the number of slots of lower local experts plus the earlier slots of its own) and
 // lays out the tiles (an expert's first slot writes them, after the tiles of lower experts); then
@@ -69,12 +78,7 @@ __device__ __forceinline__ void align_warp(const AlignArgs& a) {
       }
     }
     s_le[j] = le;
-    if (j == 0) {
-      a.offsets[a.E_loc] = total_slots;
-      a.num_tiles[0] = total_tiles;
-      a.num_tiles[1] = 0;  // the persistent GEMMs' work counters (GemmArgs::claim)
-      a.num_tiles[2] = 0;
-    }
+    if (j == 0) align_totals(a, total_slots, total_tiles);
   }
   __syncthreads();
   for (int e = tid; e < a.E_loc; e += kAlignThreads) {
@@ -153,10 +157,7 @@ __device__ __forceinline__ void align_block(const AlignArgs& a) {
     }
   }
   if (tid == 0) {
-    a.offsets[a.E_loc] = total_slots;
-    a.num_tiles[0] = total_tiles;
-    a.num_tiles[1] = 0;  // the persistent GEMMs' work counters (GemmArgs::claim)
-    a.num_tiles[2] = 0;
+    align_totals(a, total_slots, total_tiles);
     s_toff[a.E_loc] = total_tiles;
   }
   __syncthreads();

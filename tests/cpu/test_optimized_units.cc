@@ -553,7 +553,10 @@ TEST(OptimizedUnits, W4a4MxFactorsFromScaleBitsOnlyForOrdinaryBytes) {
   sc[static_cast<size_t>(9 * nb + 2)] = 255;
   // Row 9's codes and every activation positive: each lane of its NaN block has a positive sum, so
   // a factor of +Inf there would give +Inf, not the NaN the table gives.
-  for (int j = 0; j < k / 2; ++j) wbytes[static_cast<size_t>(9 * k / 2 + j)] = static_cast<uint8_t>((wbytes[static_cast<size_t>(9 * k / 2 + j)] & 0x77) | 0x11);
+  for (int j = 0; j < k / 2; ++j) {
+    uint8_t& b = wbytes[static_cast<size_t>(9 * k / 2 + j)];
+    b = static_cast<uint8_t>((b & 0x77) | 0x11);
+  }
   WeightView w;
   w.fmt = WeightFormat::Mxfp4;
   w.dtype = DType::U8;

@@ -447,23 +447,19 @@ struct Avx2 {
     if (std::isfinite(ws2_256)) {
       const __m256 m = _mm256_set1_ps(ws2_256);
       const __m256i low7 = _mm256_set1_epi8(0x7F);
-      for (; b + 32 <= nb; b += 32) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + b));
-        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(x, low7), low7)) != 0) break;
+      // Codes [at, at + 32) → f; false (nothing written) when the run holds a NaN code.
+      auto run = [&](int at) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + at));
+        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(x, low7), low7)) != 0) return false;
         F w[4];
-        dec_fp8(sc + b, 32, w);
-        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(f + b + 8 * j, _mm256_mul_ps(w[j], m));
-      }
-      if (b + 32 > nb && b < nb && nb >= 32) {  // the tail: the row's last 32 codes, overlapping the run before
-        const int t = nb - 32;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + t));
-        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(x, low7), low7)) == 0) {
-          F w[4];
-          dec_fp8(sc + t, 32, w);
-          for (int j = 0; j < 4; ++j) _mm256_storeu_ps(f + t + 8 * j, _mm256_mul_ps(w[j], m));
-          b = nb;
-        }
-      }
+        dec_fp8(sc + at, 32, w);
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(f + at + 8 * j, _mm256_mul_ps(w[j], m));
+        return true;
+      };
+      for (; b + 32 <= nb; b += 32)
+        if (!run(b)) break;
+      // The tail: the row's last 32 codes, overlapping the run before (its values written again).
+      if (b + 32 > nb && b < nb && nb >= 32 && run(nb - 32)) b = nb;
     }
     for (; b < nb; ++b) f[b] = table[sc[b]] * ws2;
     for (int z = nb; z < nb + 16; ++z) f[z] = 0.0f;
