@@ -111,11 +111,13 @@ double w4a4_bf16_tokens() {
 DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_storage, double tokens_per_expert) {
   if (s.weight == WeightFormat::Int8 && (s.act == ActQuant::Int8Static || s.act == ActQuant::Int8DynToken))
     return DotKind::I8;
-  if (s.weight == WeightFormat::Mxfp4 && s.act == ActQuant::Mxfp4) {
+  if (s.weight == WeightFormat::Mxfp4 && (s.act == ActQuant::Mxfp4 || s.act == ActQuant::Mxfp6E2M3)) {
     // MXFP4 W4A4 from kW4a4Bf16Tokens tokens per expert (amx: kAmxW4a4Bf16Tokens) on: both
     // operands are exact in bf16 (e2m1 · 2^s), so vdpbf16ps over the once-decoded weight rows (one
     // term) beats the exact integer block sums, whose per-block conversion and scaling cost more
-    // than the products once the decode is shared by many tokens.
+    // than the products once the decode is shared by many tokens. MXFP6 E2M3 activations (W4A6)
+    // run on the same kernels: 8 · e2m3 is an integer in [−60, 60], an int8 value like 2 · e2m1
+    // (make_act_layout's Fp4Mx row), so the work per weight is W4A4's.
     if (isa == Isa::Avx512Bf16 && tokens_per_expert >= w4a4_bf16_tokens()) return DotKind::Bf16;
     if (isa == Isa::Amx && tokens_per_expert >= kAmxW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
@@ -443,15 +445,18 @@ void quantize_row_scalar(const QuantRowArgs& a) {
       break;
     }
     case DotKind::Fp4Mx: {
-      if (r.kind != ActQuant::Mxfp4) bad_combo(l, r);
+      if (r.kind != ActQuant::Mxfp4 && r.kind != ActQuant::Mxfp6E2M3) bad_combo(l, r);
+      const bool e2m3 = r.kind == ActQuant::Mxfp6E2M3;
       int8_t* v = reinterpret_cast<int8_t*>(dst + l.vals_off);
       float* bs = reinterpret_cast<float*>(dst + l.scales_off);
       uint8_t codes[kMxBlock];
       for (int b = 0; b < l.nblocks; ++b) {
-        const int shared = mx_quantize_block(x + b * kMxBlock, kMxBlock, MxElem::Fp4E2M1, r.mx_mode, codes);
-        bs[b] = std::ldexp(1.0f, shared);
+        const int shared = mx_quantize_block(x + b * kMxBlock, kMxBlock, e2m3 ? MxElem::Fp6E2M3 : MxElem::Fp4E2M1,
+                                             r.mx_mode, codes);
+        bs[b] = e2m3 ? std::ldexp(1.0f, shared) * 0.25f : std::ldexp(1.0f, shared);
         for (int i = 0; i < kMxBlock; ++i)
-          v[act_value_position(l, b * kMxBlock + i)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(codes[i]));
+          v[act_value_position(l, b * kMxBlock + i)] =
+              static_cast<int8_t>(e2m3 ? 8.0f * fp6_e2m3_decode(codes[i]) : 2.0f * fp4_e2m1_decode(codes[i]));
       }
       row_scale = 0.25f;
       break;

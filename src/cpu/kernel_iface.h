@@ -20,7 +20,8 @@ namespace qmoe::cpu {
 enum class DotKind : uint8_t {
   F32,    // fp32 activation values × weights decoded to fp32 (block scales folded in), fp32 FMA
   I8,     // int8 codes × int8 weights, exact int32 sums (W8A8 INT8)
-  Fp4Mx,  // 2·e2m1 × 2·e2m1 integer sums per 32-block × 2^sa · 2^sw (MXFP4 W4A4)
+  Fp4Mx,  // 2·e2m1 × 2·e2m1 integer sums per 32-block × 2^sa · 2^sw (MXFP4 W4A4; MXFP6 E2M3
+          // activations as 8·e2m3, W4A6)
   Fp4Nv,  // 2·e2m1 × 2·e2m1 integer sums per 16-block × deq_a · fp8(s_w)·ws2 (NVFP4 W4A4)
   Bf16,   // bf16 weights (stored, or MX decoded exactly with the block scale in the exponent) ·
           // bf16 activation terms (x = Σ terms exactly), vdpbf16ps: products exact, fp32 sums
@@ -31,7 +32,8 @@ enum class DotKind : uint8_t {
 //                       fp8 / int8 scale, 0.25 for the Fp4 kinds, 1 otherwise); int32 code sum at 4
 //                       (I8: Σ codes, for the unsigned-offset dot product); Bf16: int32 number of
 //                       terms in use at 8 (1..3)
-//   [64, 64 + vbytes)   k_pad values: F32 → float; I8 → int8 codes; Fp4 → int8 2·e2m1 values;
+//   [64, 64 + vbytes)   k_pad values: F32 → float; I8 → int8 codes; Fp4 → int8 2·e2m1 values
+//                       (Fp4Mx of MXFP6 E2M3 activations: 8·e2m3, in [−60, 60]);
 //                       Bf16 → kBf16Terms rows of k_pad bf16 (term t at 64 + t·term_bytes): the
 //                       fp32 value v (as the F32 kind stores it) split by truncation,
 //                       h = v with the low 16 bits cleared, m = the same of v − h, l = v − h − m
@@ -39,7 +41,8 @@ enum class DotKind : uint8_t {
 //                       ±Inf → h = ±Inf, m = l = 0). Rows whose m (and l) are all zero use 1 (2)
 //                       terms: bf16 inputs (GEMM1, fp8 / MX-quantized values) need one.
 //                       Zero padded from k to k_pad (a multiple of 64).
-//   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale;
+//   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale
+//                       (8·e2m3 values: the scale is 2^s / 4);
 //                       followed by ≥ 16 zero floats (kernels load 16 at a time).
 //   [corr_off, ...)     Fp4 kinds: int32 per 4 stored values, −12 · (their sum): the correction of
 //                       an unsigned-offset dot product Σ (2w + 12)·v (see gemm_fp4_avx512.cc).

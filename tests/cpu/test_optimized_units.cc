@@ -118,7 +118,7 @@ TEST(OptimizedUnits, ActQuantizersMatchReference) {
       std::vector<L> layouts = {{DotKind::F32, WeightFormat::Mxfp6E2M3}, {DotKind::F32, WeightFormat::Mxfp4},
                                 {DotKind::Bf16, WeightFormat::Mxfp6E2M3}, {DotKind::Bf16, WeightFormat::Mxfp4}};
       if (rc.kind == ActQuant::Int8Static || rc.kind == ActQuant::Int8DynToken) layouts.push_back({DotKind::I8, WeightFormat::Int8});
-      if (rc.kind == ActQuant::Mxfp4) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp4});
+      if (rc.kind == ActQuant::Mxfp4 || rc.kind == ActQuant::Mxfp6E2M3) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp4});
       if (rc.kind == ActQuant::Nvfp4) layouts.push_back({DotKind::Fp4Nv, WeightFormat::Nvfp4});
       const bool mx = rc.kind == ActQuant::Mxfp4 || rc.kind == ActQuant::Mxfp6E2M3 || rc.kind == ActQuant::Mxfp6E3M2;
       std::vector<int> ks = {32, 64, 96, 160};
@@ -370,6 +370,9 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 {DotKind::I8, WeightFormat::Int8, ActQuant::Int8Static, 64},
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 96},
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp4, 256},
+                                // W4A6: 8·e2m3 activation values (|·| ≤ 60) on the same kernels
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 96},
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 2112},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 80},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
                                 // 66 NVFP4 blocks per row: two 32-code runs of AVX2's vector
@@ -689,6 +692,15 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
   const SchemeInfo& mx = scheme_by_name("w_mxfp4_a_mxfp4");
   const SchemeInfo& nv = scheme_by_name("nvfp4");
   const SchemeInfo& i8 = scheme_by_name("w_int8_channel_a_int8_dyn_token");
+  // MXFP4 weights with MXFP6 E2M3 activations (W4A6) take W4A4's kinds at every point: the same
+  // integer kernels (8·e2m3 values in the int8 row).
+  const SchemeInfo& w4a6 = scheme_by_name("w_mxfp4_a_mxfp6_e2m3");
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx})
+    for (int gemm : {1, 2})
+      for (double tpe : {0.1, 1.0, 3.0, 4.0, kAmxW4a4Bf16Tokens, kW4a4Bf16Tokens, 16.0, 128.0})
+        EXPECT_EQ(dot_kind_for(mx, isa, gemm, DType::BF16, tpe), dot_kind_for(w4a6, isa, gemm, DType::BF16, tpe))
+            << isa_name(isa) << " " << gemm << " " << tpe;
+  EXPECT_EQ(DotKind::F32, dot_kind_for(scheme_by_name("w_mxfp4_a_mxfp6_e3m2"), Isa::Avx2, 1, DType::BF16, 1.0));
   const double from = w4a4_bf16_tokens();
   EXPECT_EQ(from, cpu_features().avx512_half_width ? std::numeric_limits<double>::infinity() : kW4a4Bf16Tokens);
   for (int gemm : {1, 2}) {

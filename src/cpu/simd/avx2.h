@@ -334,7 +334,7 @@ struct Avx2 {
   // A 64-chunk: weights through a 16-entry byte table (vpshufb on the nibbles) as
   // 2·e2m1 + 12 ∈ [0, 24] (unsigned), low nibbles (stored positions 0..31) and high (32..63);
   // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
-  // |·| ≤ 4·24·12 = 1152, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
+  // |·| ≤ 4·24·60 = 5760 with 8·e2m3 activations, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
   // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
   // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: one row at a time (kW4LaneAct).
   struct W4 {

@@ -231,18 +231,22 @@ void quantize_row(const QuantRowArgs& a) {
       const int mbits = elem == 0 ? 1 : elem == 1 ? 3 : 2;
       const int emin = elem == 2 ? -2 : 0;
       const float maxv = elem == 0 ? 6.0f : elem == 1 ? 7.5f : 28.0f;
+      // Fp4Mx (e2m1 or e2m3 elements, dot_kind_for): the integer 2^mbits · q (2·e2m1, 8·e2m3) and
+      // the block scale 2^shared · 2 / 2^mbits (the layout's value / 2 · scale convention).
       const bool fp4i = l.kind == DotKind::Fp4Mx;
+      const F ival = T::set1(static_cast<float>(1 << mbits));
+      const float bs_mul = 2.0f / static_cast<float>(1 << mbits);
       for (int g = 0; g < k; g += 32) {
         load_group<T>(x, g, k, v);
         const int shared = mx_shared_exponent_of(T::reduce_max(abs_max_tree<T, G>(v)), elem, static_cast<int>(rule.mx_mode));
         const F down = T::set1(pow2f(-shared)), up = T::set1(pow2f(shared));
         for (int j = 0; j < G; ++j) {
           const F q = round_minifloat<T>(T::mul(v[j], down), mbits, emin, maxv);
-          v[j] = fp4i ? T::add(q, q) : T::mul(q, up);  // Fp4Mx: 2·e2m1 codes and the block scale
+          v[j] = T::mul(q, fp4i ? ival : up);
         }
         if (fp4i) {
           store_i8_group(r, g, v);
-          r.bscales()[g / 32] = pow2f(shared);
+          r.bscales()[g / 32] = pow2f(shared) * bs_mul;
         } else {
           store_f32_group(r, g, v);
         }
