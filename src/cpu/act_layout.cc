@@ -52,6 +52,12 @@ ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k) {
     if (k % l.block != 0)
       throw Error(fmt::format("activation length {} is not a multiple of the block size {}", k, l.block));
     l.nblocks = k / l.block;
+    if (consumer == WeightFormat::Mxfp6E2M3) {
+      if (kind != DotKind::Fp4Mx) throw Error("internal: MXFP6 E2M3 weights on an integer kind other than Fp4Mx");
+      l.fp6_order = true;
+      l.w_mult = 8;
+      l.w_offset = 60;
+    }
     l.scales_off = end;
     end += round_up(static_cast<int64_t>(l.nblocks) * 4 + 64, 64);  // + slack for vector loads
     l.corr_off = end;
@@ -64,7 +70,7 @@ ActLayout make_act_layout(DotKind kind, WeightFormat consumer, int k) {
 }
 
 int act_value_position(const ActLayout& l, int i) {
-  return l.fp4_order ? fp4_value_position(i) : i;
+  return l.fp4_order ? fp4_value_position(i) : l.fp6_order ? fp6_value_position(i) : i;
 }
 
 void act_row_values(const ActLayout& l, const uint8_t* row, double* out) {
@@ -122,6 +128,12 @@ DotKind dot_kind_for(const SchemeInfo& s, Isa isa, int gemm, DType unquantized_s
     if (isa == Isa::Amx && tokens_per_expert >= kAmxW4a4Bf16Tokens) return DotKind::Bf16;
     return DotKind::Fp4Mx;
   }
+  // MXFP6 E2M3 W6A6 on AVX2 below kAvx2W6a6IntTokens: the W4A4 row kernels with the 6-bit decoder
+  // (Avx2::w6_weights): 8 · e2m3 is an int8 on both sides. (AVX-512 targets take the Bf16 kind below,
+  // exact in bf16.)
+  if (isa == Isa::Avx2 && s.weight == WeightFormat::Mxfp6E2M3 && s.act == ActQuant::Mxfp6E2M3 &&
+      tokens_per_expert < kAvx2W6a6IntTokens)
+    return DotKind::Fp4Mx;
   // Weights that the bf16 decoders give exactly (MX: the block scale in the exponent).
   const bool bf16_weights = (s.weight == WeightFormat::BF16 && unquantized_storage == DType::BF16) ||
                             is_mx_weight(s.weight) || s.weight == WeightFormat::Fp8E4M3;
@@ -317,7 +329,7 @@ void fill_fp4_corrections(const ActLayout& l, uint8_t* row) {
   if (l.corr_off == 0) return;
   const int8_t* v = reinterpret_cast<const int8_t*>(row + l.vals_off);
   int32_t* corr = reinterpret_cast<int32_t*>(row + l.corr_off);
-  for (int q = 0; q < l.k_pad / 4; ++q) corr[q] = -12 * (v[4 * q] + v[4 * q + 1] + v[4 * q + 2] + v[4 * q + 3]);
+  for (int q = 0; q < l.k_pad / 4; ++q) corr[q] = -l.w_offset * (v[4 * q] + v[4 * q + 1] + v[4 * q + 2] + v[4 * q + 3]);
   fill_fp4_block_corrections(l, row);
 }
 
@@ -326,12 +338,12 @@ void fill_fp4_block_corrections(const ActLayout& l, uint8_t* row) {
   const int32_t* corr = reinterpret_cast<const int32_t*>(row + l.corr_off);
   int32_t* bc = reinterpret_cast<int32_t*>(row + l.bcorr_off);
   // A block's even elements are stored at block / 2 consecutive positions from that of its first
-  // element, its odd ones 32 further (the fp4 order): two runs of block / 8 per-4 words (an MX block
-  // 2 × 4, an NVFP4 block 2 × 2). (Per element through act_value_position this loop was ~1/3 of the
-  // MXFP4 row quantizer's time.)
+  // element, its odd ones 32 further (the fp4 order; the fp6 order: its first and second halves):
+  // two runs of block / 8 per-4 words (an MX block 2 × 4, an NVFP4 block 2 × 2). (Per element
+  // through act_value_position this loop was ~1/3 of the MXFP4 row quantizer's time.)
   const int run = l.block / 8;
   for (int b = 0; b < l.nblocks; ++b) {
-    const int q = fp4_value_position(b * l.block) / 4;
+    const int q = act_value_position(l, b * l.block) / 4;
     int32_t sum = 0;
     for (int j = 0; j < run; ++j) sum += corr[q + j] + corr[q + 8 + j];
     bc[b] = sum;
@@ -458,7 +470,7 @@ void quantize_row_scalar(const QuantRowArgs& a) {
           v[act_value_position(l, b * kMxBlock + i)] =
               static_cast<int8_t>(e2m3 ? 8.0f * fp6_e2m3_decode(codes[i]) : 2.0f * fp4_e2m1_decode(codes[i]));
       }
-      row_scale = 0.25f;
+      row_scale = 0.5f / static_cast<float>(l.w_mult);  // (2 · value / 2) · (w_mult · w / w_mult)
       break;
     }
     case DotKind::Fp4Nv: {

@@ -44,18 +44,25 @@ enum class DotKind : uint8_t {
 //   [scales_off, ...)   Fp4 kinds: one float per block (MX 32, NVFP4 16): x = value/2 · scale
 //                       (8·e2m3 values: the scale is 2^s / 4);
 //                       followed by ≥ 16 zero floats (kernels load 16 at a time).
-//   [corr_off, ...)     Fp4 kinds: int32 per 4 stored values, −12 · (their sum): the correction of
-//                       an unsigned-offset dot product Σ (2w + 12)·v (see gemm_fp4_avx512.cc).
-//   [bcorr_off, ...)    Fp4 kinds: int32 per block, −12 · (the block's sum of values).
+//   [corr_off, ...)     Fp4 kinds: int32 per 4 stored values, −w_offset · (their sum): the
+//                       correction of an unsigned-offset dot product Σ (w_mult·w + w_offset)·v (see
+//                       gemm_fp4_avx512.cc).
+//   [bcorr_off, ...)    Fp4 kinds: int32 per block, −w_offset · (the block's sum of values).
 // Value order: for fp4 weight formats (MXFP4, NVFP4) each 64-element chunk (32-groups g, g+1;
 // 32 packed bytes) is stored as [even elements of g | even of g+1 | odd of g | odd of g+1]
 // (16 each): the order a packed row decodes in — low nibbles of the 32 bytes, then high nibbles.
-// Element e = 64c + 32h + 2m + o sits at 64c + 32o + 16h + m. Every other weight format keeps the
+// Element e = 64c + 32h + 2m + o sits at 64c + 32o + 16h + m. The Fp4Mx row of MXFP6 E2M3 weights
+// (W6A6, AVX2: w6_weights) keeps each 16-element half in order: [g 0–15 | g+1 0–15 | g 16–31 |
+// g+1 16–31], element 64c + 32h + 16o + m at 64c + 32o + 16h + m. Every other layout keeps the
 // natural order.
 inline constexpr int kBf16Terms = 3;
 struct ActLayout {
   DotKind kind = DotKind::F32;
   bool fp4_order = false;  // the 32-group even/odd permutation above
+  bool fp6_order = false;  // the Fp4Mx row of MXFP6 E2M3 weights: halves of the 32-groups as above
+  // Fp4 kinds: the weight side of the integer products, w_mult · w + w_offset (unsigned): 2 · e2m1 + 12
+  // (MXFP4, NVFP4), 8 · e2m3 + 60 (MXFP6 E2M3).
+  int w_mult = 2, w_offset = 12;
   int k = 0, k_pad = 0;
   int elem_bytes = 4;
   int64_t vals_off = 64;
@@ -79,6 +86,9 @@ inline int32_t bf16_term_count(const uint8_t* row) {
 // kernels' own register-order tables; internal linkage, so SIMD translation units share no copy).
 static constexpr int fp4_value_position(int i) {
   return (i & ~63) + 32 * (i & 1) + 16 * ((i >> 5) & 1) + ((i >> 1) & 15);
+}
+static constexpr int fp6_value_position(int i) {
+  return (i & ~63) + 32 * ((i >> 4) & 1) + 16 * ((i >> 5) & 1) + (i & 15);
 }
 // Position of logical element i in the stored value order.
 int act_value_position(const ActLayout& l, int i);
@@ -134,6 +144,13 @@ inline constexpr double kAmxFp8Bf16Tokens = 4.0;
 // 234. Layer, qwen3-30b-a3b, 2 threads, 8 tokens per expert, ms with 12 / 8: 50.8–52.2 / 49.2–50.7
 // (bench/RESULTS.md 2026-12-06; it was 12 from layer A/Bs before).
 inline constexpr double kAmxNvfp4Bf16Tokens = 8.0;
+// MXFP6 E2M3 W6A6 on AVX2 takes the integer kind (Fp4Mx with Avx2::w6_weights) below 16 tokens per
+// expert; from 16 the F32 kind, which decodes an expert's rows once into a buffer for all its
+// tokens where the integer kernel decodes them per group of 4. One core, Zen 3, µs F32 / Fp4Mx: K ×
+// N = 2048 × 1536, 1 token 414–532 / 263, 4 tokens 709–868 / 443, 8 tokens 1128–1137 / 885–1133;
+// 1024 × 768, 8 tokens 399–429 / 302–309, 12: 441–514 / 344, 16: 450–672 / 518–702, 32: 839–1174 /
+// 931–933 (bench/RESULTS.md 2026-12-07, session 47).
+inline constexpr double kAvx2W6a6IntTokens = 16.0;
 
 // One projection (w13 or w2) of one local expert, as stored in processed ExpertParams.
 struct WeightView {

@@ -119,6 +119,7 @@ TEST(OptimizedUnits, ActQuantizersMatchReference) {
                                 {DotKind::Bf16, WeightFormat::Mxfp6E2M3}, {DotKind::Bf16, WeightFormat::Mxfp4}};
       if (rc.kind == ActQuant::Int8Static || rc.kind == ActQuant::Int8DynToken) layouts.push_back({DotKind::I8, WeightFormat::Int8});
       if (rc.kind == ActQuant::Mxfp4 || rc.kind == ActQuant::Mxfp6E2M3) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp4});
+      if (rc.kind == ActQuant::Mxfp6E2M3) layouts.push_back({DotKind::Fp4Mx, WeightFormat::Mxfp6E2M3});
       if (rc.kind == ActQuant::Nvfp4) layouts.push_back({DotKind::Fp4Nv, WeightFormat::Nvfp4});
       const bool mx = rc.kind == ActQuant::Mxfp4 || rc.kind == ActQuant::Mxfp6E2M3 || rc.kind == ActQuant::Mxfp6E3M2;
       std::vector<int> ks = {32, 64, 96, 160};
@@ -373,6 +374,11 @@ TEST(OptimizedUnits, GemmKindsMatchScalar) {
                                 // W4A6: 8·e2m3 activation values (|·| ≤ 60) on the same kernels
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 96},
                                 {DotKind::Fp4Mx, WeightFormat::Mxfp4, ActQuant::Mxfp6E2M3, 2112},
+                                // W6A6 E2M3 (AVX2's w6_weights): whole 64-chunks, a last half chunk
+                                // (K = 160: the zero-padded copy), and K = 2112
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp6E2M3, ActQuant::Mxfp6E2M3, 128},
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp6E2M3, ActQuant::Mxfp6E2M3, 160},
+                                {DotKind::Fp4Mx, WeightFormat::Mxfp6E2M3, ActQuant::Mxfp6E2M3, 2112},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 80},
                                 {DotKind::Fp4Nv, WeightFormat::Nvfp4, ActQuant::Nvfp4, 128},
                                 // 66 NVFP4 blocks per row: two 32-code runs of AVX2's vector
@@ -701,6 +707,15 @@ TEST(OptimizedUnits, DotKindFollowsTokensPerExpert) {
         EXPECT_EQ(dot_kind_for(mx, isa, gemm, DType::BF16, tpe), dot_kind_for(w4a6, isa, gemm, DType::BF16, tpe))
             << isa_name(isa) << " " << gemm << " " << tpe;
   EXPECT_EQ(DotKind::F32, dot_kind_for(scheme_by_name("w_mxfp4_a_mxfp6_e3m2"), Isa::Avx2, 1, DType::BF16, 1.0));
+  // MXFP6 E2M3 W6A6: the integer kind on AVX2 only (its 6-bit decoder), below kAvx2W6a6IntTokens.
+  const SchemeInfo& w6a6 = scheme_by_name("w_mxfp6_e2m3_a_mxfp6_e2m3");
+  for (int gemm : {1, 2})
+    for (double tpe : {0.1, 1.0, 8.0, kAvx2W6a6IntTokens - 0.5, kAvx2W6a6IntTokens, 128.0}) {
+      EXPECT_EQ(tpe < kAvx2W6a6IntTokens ? DotKind::Fp4Mx : DotKind::F32, dot_kind_for(w6a6, Isa::Avx2, gemm, DType::BF16, tpe))
+          << gemm << " " << tpe;
+      EXPECT_EQ(DotKind::F32, dot_kind_for(w6a6, Isa::Scalar, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
+      EXPECT_NE(DotKind::Fp4Mx, dot_kind_for(w6a6, Isa::Avx512, gemm, DType::BF16, tpe)) << gemm << " " << tpe;
+    }
   const double from = w4a4_bf16_tokens();
   EXPECT_EQ(from, cpu_features().avx512_half_width ? std::numeric_limits<double>::infinity() : kW4a4Bf16Tokens);
   for (int gemm : {1, 2}) {

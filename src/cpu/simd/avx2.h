@@ -39,6 +39,25 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(c, _mm_shuffle_epi32(c, 1)));
 }
 
+// Avx2::w6_weights' byte shuffles: 16-bit lane q of pass P (code 8P + q of the 128-bit lane's block)
+// ← the two bytes holding the code, relative to the pass's load (bytes 0..15 of the block for passes
+// 0 and 1, bytes 8..23 for passes 2 and 3; code 31 lies in bits 2..7 of byte 23 alone).
+struct W6Idx {
+  alignas(32) char t[4][32];
+};
+constexpr W6Idx make_w6_idx() {
+  W6Idx x{};
+  for (int pass = 0; pass < 4; ++pass)
+    for (int h = 0; h < 2; ++h)
+      for (int q = 0; q < 8; ++q) {
+        const int code = 8 * pass + q, byte = 6 * code / 8 - (pass >= 2 ? 8 : 0);
+        x.t[pass][16 * h + 2 * q] = static_cast<char>(byte);
+        x.t[pass][16 * h + 2 * q + 1] = byte + 1 < 16 ? static_cast<char>(byte + 1) : static_cast<char>(-128);
+      }
+  return x;
+}
+constexpr W6Idx kW6Idx = make_w6_idx();
+
 // Copies n ≤ 32 bytes at p into a zero-padded 32-byte buffer.
 inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp) {
   std::memset(tmp, 0, 32);
@@ -350,6 +369,39 @@ struct Avx2 {
     uint8_t tmp[32];
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kFull ? p : padded(p, nbytes, tmp)));
     return {_mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, m4)), _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4))};
+  }
+  // MXFP6 E2M3 weights on the same kernels (Fp4Mx, W6A6; ActLayout's fp6 order): a 64-chunk is two
+  // 24-byte blocks, 8·e2m3 + 60 ∈ [0, 120] as unsigned bytes (vpmaddubsw against |v| ≤ 60: pair sums
+  // ≤ 14400, the two halves' sum ≤ 28800 in int16). Lane 0 of both vectors holds block 0, lane 1
+  // block 1; lo = codes 0–15 of each block, hi = codes 16–31. Codes to bytes as dec_fp6 does (the two
+  // bytes holding code j in a 16-bit lane, one vpmullw by 2^(10 − its bit offset), a shift right by
+  // 10), two passes per vector packed to bytes; then the magnitude m (5 bits) to 8·e2m3: m itself
+  // below 16, a byte table above (16 + 2j, 32 + 4j); the sign by vpsignb and the offset 60.
+  static constexpr bool kW6Int = true;
+  template <bool kFull>
+  static W4 w6_weights(const uint8_t* p, int nbytes) {
+    alignas(16) uint8_t tmp[48];
+    if constexpr (!kFull) {
+      std::memset(tmp, 0, sizeof(tmp));
+      std::memcpy(tmp, p, static_cast<size_t>(nbytes));
+      p = tmp;
+    }
+    const __m256i* ix = reinterpret_cast<const __m256i*>(kW6Idx.t);
+    const __m256i i0 = _mm256_load_si256(ix), i1 = _mm256_load_si256(ix + 1), i2 = _mm256_load_si256(ix + 2),
+                  i3 = _mm256_load_si256(ix + 3);
+    const __m256i to_top = _mm256_setr_epi16(1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4,
+                                             1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
+    const __m256i a = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 24), reinterpret_cast<const __m128i*>(p));
+    const __m256i b = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 32), reinterpret_cast<const __m128i*>(p + 8));
+    auto codes = [&](__m256i src, __m256i ix) { return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, ix), to_top), 10); };
+    const __m256i hi_tab = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20, 22, 24, 26,
+                                            28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
+    auto values = [&](__m256i c) {  // 6-bit codes → 8·e2m3 + 60
+      const __m256i m = _mm256_and_si256(c, _mm256_set1_epi8(0x1F));
+      const __m256i v = _mm256_blendv_epi8(m, _mm256_shuffle_epi8(hi_tab, m), _mm256_slli_epi16(m, 3));
+      return _mm256_add_epi8(_mm256_sign_epi8(v, _mm256_slli_epi16(c, 2)), _mm256_set1_epi8(60));
+    };
+    return {values(_mm256_packus_epi16(codes(a, i0), codes(a, i1))), values(_mm256_packus_epi16(codes(b, i2), codes(b, i3)))};
   }
   static W4A w4_act(const int8_t* v) {
     return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32))};

@@ -283,9 +283,9 @@ struct Avx512 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(i0));
     return i0;
   }
-  // −12 · Σ of each 4 values (fill_fp4_corrections, vectorized), then the per-block words.
+  // −w_offset · Σ of each 4 values (fill_fp4_corrections, vectorized), then the per-block words.
   static void fp4_corrections(const ActLayout& l, uint8_t* row) {
-    const __m512i ones = _mm512_set1_epi8(1), m12 = _mm512_set1_epi32(-12);
+    const __m512i ones = _mm512_set1_epi8(1), m12 = _mm512_set1_epi32(-l.w_offset);
     for (int p = 0; p < l.k_pad; p += 64) {
       const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(row + l.vals_off + p));
       _mm512_storeu_si512(row + l.corr_off + p, _mm512_mullo_epi32(s4, m12));
@@ -402,6 +402,7 @@ struct Avx512 {
       return buf;
     }
   }
+  static constexpr bool kW6Int = false;  // MXFP6 E2M3 weights on Fp4Mx: AVX2 only (dot_kind_for)
   static constexpr bool kW4ScaleBits = false;  // (AVX2's factors from the E8M0 bits: not measured here)
   template <bool kMx, bool kFull, bool kBits = false>
   static F w4_weight_scales(const W4Factors<kMx>& f, int b, int nb) {

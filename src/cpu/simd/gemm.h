@@ -14,8 +14,8 @@
 // What T provides: vector types F / I, kLanes, kNR, kNT, zero / loadu / storeu / fmadd,
 // hsum_rows, the decoders dec_f32 / dec_half / dec_fp8 / dec_i8 / dec_fp6 / dec_fp4 (+ fp4_base),
 // the I8 step (kI8Step, kI8Offset, izero, i8_act, i8_weights, i8_dot, hsum_rows_i32), the W4A4
-// step (w4_*, kW4Rows, kW4LaneAct), speed choices measured per target (kPlainRowBuffer,
-// kOneTokenAcc, kEvenTokenGroups), and flags for target-only kernels (kMxfp4F32Kernel, kBf16Dot),
+// step (w4_*, kW4Rows, kW4LaneAct; w6_weights where kW6Int), speed choices measured per target
+// (kPlainRowBuffer, kOneTokenAcc, kEvenTokenGroups), and flags for target-only kernels (kMxfp4F32Kernel, kBf16Dot),
 // defined in the target's own files, as is its W4A4 kernel (gemm_w4a4).
 // No library inline code here: only intrinsics (through T) and this header's own functions, all
 // with internal linkage, so nothing compiled for one target can be picked by the linker for
@@ -614,9 +614,10 @@ void gemm_i8(const GemmArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // W4A4 (Fp4Mx / Fp4Nv), row-major: exact int8 dot products of 2·e2m1 values. Weights decode to
-// u8 (2·e2m1 + 12) (T::w4_weights), activations are the layout's int8 2·e2m1 values (signed);
-// T::w4_dot forms per lane the exact int32 sum of one block's products plus the layout's
-// correction words (−12 · Σ of the values, ActLayout::corr_off), which remove the offset. Each
+// u8 (2·e2m1 + 12) (T::w4_weights; MXFP6 E2M3 weights 8·e2m3 + 60, T::w6_weights), activations are
+// the layout's int8 values (signed: 2·e2m1, 8·e2m3); T::w4_dot forms per lane the exact int32 sum
+// of one block's products plus the layout's correction words (−w_offset · Σ of the values,
+// ActLayout::corr_off), which remove the offset. Each
 // lane is converted to fp32 (exact, |·| < 2^24), × (activation block scale · weight block
 // factor, T::w4_lane_scales / w4_weight_scales of T::w4_row_factors) and added to an fp32 accumulator (MX: powers of two, exact
 // products). Rows come in blocks of 4, T::kW4Rows<NT> at a time.
@@ -631,8 +632,16 @@ struct Fp4Act {
 };
 constexpr int kW4Block = 4;  // rows per block (factor buffers, epilogue)
 
+// The weights of the 64-chunk at k of a row: MXFP4 / NVFP4 (32 bytes, T::w4_weights) or, kW6, MXFP6
+// E2M3 (48 bytes, T::w6_weights), `kFull`: the whole chunk inside K (else zero padded).
+template <class T, bool kFull, bool kW6>
+__attribute__((always_inline)) inline typename T::W4 w4_chunk(const uint8_t* row, int k, int K) {
+  if constexpr (kW6) return T::template w6_weights<kFull>(row + (k >> 2) * 3, ((K - k) >> 2) * 3);
+  else return T::template w4_weights<kFull>(row + (k >> 1), (K - k) >> 1);
+}
+
 // One 64-chunk of NR rows (from r0) × NT tokens (kFull: all 64 elements inside K, else zero padded).
-template <class T, bool kMx, int NT, int NR, bool kFull, bool kBits>
+template <class T, bool kMx, int NT, int NR, bool kFull, bool kBits, bool kW6>
 __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf,
                                                    int r0, const Fp4Act* act, int k, int K, typename T::F (&acc)[NT][NR]) {
   using F = typename T::F;
@@ -645,7 +654,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     const typename T::I cv = T::w4_corr(act[0].corr + (k >> 2));
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      const typename T::W4 w = w4_chunk<T, kFull, kW6>(rows[r0 + i], k, K);
       const F ws = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
       acc[0][i] = T::fmadd(T::cvt_i32(T::w4_dot(w, av, cv)), T::mul(as, ws), acc[0][i]);
     }
@@ -658,7 +667,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     const int c = (k >> 6) * T::kLanes;
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      const typename T::W4 w = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      const typename T::W4 w = w4_chunk<T, kFull, kW6>(rows[r0 + i], k, K);
       const F ws = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t)
@@ -670,7 +679,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
     F ws[NR];
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
-      w[i] = T::template w4_weights<kFull>(rows[r0 + i] + (k >> 1), (K - k) >> 1);
+      w[i] = w4_chunk<T, kFull, kW6>(rows[r0 + i], k, K);
       ws[i] = T::template w4_weight_scales<kMx, kFull, kBits>(wf[r0 + i], b, nb);
     }
 #pragma GCC unroll 4
@@ -686,7 +695,7 @@ __attribute__((always_inline)) inline void w4_step(const uint8_t* const* rows, c
 
 // Rows r0 .. r0 + NR of a block; res[t][r0 + i]. kBits: the block's MX scale bytes are all 1…254
 // (T::w4_weight_scales).
-template <class T, bool kMx, int NT, int NR, bool kBits>
+template <class T, bool kMx, int NT, int NR, bool kBits, bool kW6>
 void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, int r0, const Fp4Act* act, int K, int64_t pf_dist,
                float (*res)[kW4Block]) {
   typename T::F acc[NT][NR];
@@ -698,32 +707,33 @@ void w4_kernel(const uint8_t* const* rows, const typename T::template W4Factors<
     // The next row block in address order (prefetch_seq), every chunk and token group: on AVX2,
     // one line per row every two chunks had the one-token GEMM at half speed from DRAM (Zen 4,
     // one core, K = 2048, N = 1536: 184–215 → 100–102 µs; bench/RESULTS.md 2026-12-06, session 39).
-    for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, 32);
-    w4_step<T, kMx, NT, NR, true, kBits>(rows, wf, r0, act, k, K, acc);
+    for (int i = 0; i < NR; ++i) prefetch_seq(rows[r0], pf_dist, k >> 6, i, NR, kW6 ? 48 : 32);
+    w4_step<T, kMx, NT, NR, true, kBits, kW6>(rows, wf, r0, act, k, K, acc);
   }
-  if (k < K) w4_step<T, kMx, NT, NR, false, kBits>(rows, wf, r0, act, k, K, acc);
+  if (k < K) w4_step<T, kMx, NT, NR, false, kBits, kW6>(rows, wf, r0, act, k, K, acc);
   for (int t = 0; t < NT; ++t) T::hsum_rows(acc[t], res[t] + r0);
 }
 
-template <class T, bool kMx, int NT, bool kBits>
+template <class T, bool kMx, int NT, bool kBits, bool kW6>
 void w4_block(const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K, int64_t pf_dist,
               float (*res)[kW4Block]) {
   constexpr int NR = T::template kW4Rows<NT>;
-  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR, kBits>(rows, wf, r0, act, K, pf_dist, res);
+  for (int r0 = 0; r0 < kW4Block; r0 += NR) w4_kernel<T, kMx, NT, NR, kBits, kW6>(rows, wf, r0, act, K, pf_dist, res);
 }
-template <class T, bool kMx, bool kBits>
+template <class T, bool kMx, bool kBits, bool kW6>
 void w4_block_nt(int nt, const uint8_t* const* rows, const typename T::template W4Factors<kMx>* wf, const Fp4Act* act, int K,
                  int64_t pf_dist, float (*res)[kW4Block]) {
   switch (nt) {
-    case 1: w4_block<T, kMx, 1, kBits>(rows, wf, act, K, pf_dist, res); break;
-    case 2: w4_block<T, kMx, 2, kBits>(rows, wf, act, K, pf_dist, res); break;
-    case 3: w4_block<T, kMx, 3, kBits>(rows, wf, act, K, pf_dist, res); break;
-    default: w4_block<T, kMx, 4, kBits>(rows, wf, act, K, pf_dist, res); break;
+    case 1: w4_block<T, kMx, 1, kBits, kW6>(rows, wf, act, K, pf_dist, res); break;
+    case 2: w4_block<T, kMx, 2, kBits, kW6>(rows, wf, act, K, pf_dist, res); break;
+    case 3: w4_block<T, kMx, 3, kBits, kW6>(rows, wf, act, K, pf_dist, res); break;
+    default: w4_block<T, kMx, 4, kBits, kW6>(rows, wf, act, K, pf_dist, res); break;
   }
 }
 
-// Output rows [row0, a.row1) for every token, through the row-major kernel.
-template <class T, bool kMx>
+// Output rows [row0, a.row1) for every token, through the row-major kernel. kW6: MXFP6 E2M3 weights
+// (T::w6_weights) on the MX kind.
+template <class T, bool kMx, bool kW6 = false>
 void gemm_w4a4_rows(const GemmArgs& a, int row0) {
   constexpr int kNT = T::kNT;
   const ActLayout& l = *a.layout;
@@ -776,10 +786,10 @@ void gemm_w4a4_rows(const GemmArgs& a, int row0) {
       }
       float res[kNT][kW4Block];
       if constexpr (kMx && T::kW4ScaleBits) {
-        if (bits) w4_block_nt<T, kMx, true>(nt, rows, wf, act, K, pf_dist, res);
-        else w4_block_nt<T, kMx, false>(nt, rows, wf, act, K, pf_dist, res);
+        if (bits) w4_block_nt<T, kMx, true, kW6>(nt, rows, wf, act, K, pf_dist, res);
+        else w4_block_nt<T, kMx, false, kW6>(nt, rows, wf, act, K, pf_dist, res);
       } else {
-        w4_block_nt<T, kMx, false>(nt, rows, wf, act, K, pf_dist, res);
+        w4_block_nt<T, kMx, false, kW6>(nt, rows, wf, act, K, pf_dist, res);
       }
       epilogue(a, n0, nr, j0, nt, res);
     }
@@ -797,7 +807,16 @@ void gemm(const GemmArgs& a) {
   switch (a.layout->kind) {
     case DotKind::F32: gemm_f32<T>(a); break;
     case DotKind::I8: gemm_i8<T>(a); break;
-    case DotKind::Fp4Mx: gemm_w4a4<T, true>(a); break;
+    case DotKind::Fp4Mx:
+      // MXFP6 E2M3 weights (W6A6): the row-major kernel with T::w6_weights where the target has it
+      // (dot_kind_for selects the kind only there).
+      if (a.w->fmt == WeightFormat::Mxfp6E2M3) {
+        if constexpr (T::kW6Int) gemm_w4a4_rows<T, true, true>(a, a.row0);
+        else scalar_kernels().gemm(a);
+      } else {
+        gemm_w4a4<T, true>(a);
+      }
+      break;
     case DotKind::Fp4Nv: gemm_w4a4<T, false>(a); break;
     case DotKind::Bf16:
       if constexpr (T::kBf16Dot) gemm_bf16<T>(a);
