@@ -470,7 +470,8 @@ void quantize_row_scalar(const QuantRowArgs& a) {
           v[act_value_position(l, b * kMxBlock + i)] =
               static_cast<int8_t>(e2m3 ? 8.0f * fp6_e2m3_decode(codes[i]) : 2.0f * fp4_e2m1_decode(codes[i]));
       }
-      row_scale = 0.5f / static_cast<float>(l.w_mult);  // (2 · value / 2) · (w_mult · w / w_mult)
+      // The kernels sum value · (w_mult · w), and value / 2 · scale is the input: 1 / (2 · w_mult).
+      row_scale = 0.5f / static_cast<float>(l.w_mult);
       break;
     }
     case DotKind::Fp4Nv: {

@@ -252,7 +252,8 @@ void quantize_row(const QuantRowArgs& a) {
           store_f32_group(r, g, v);
         }
       }
-      if (fp4i) row_scale = 0.5f / static_cast<float>(l.w_mult);  // (2 · value / 2) · (w_mult · w / w_mult)
+      // The kernels sum value · (w_mult · w), and value / 2 · scale is the input: 1 / (2 · w_mult).
+      if (fp4i) row_scale = 0.5f / static_cast<float>(l.w_mult);
       break;
     }
     case ActQuant::Nvfp4: {
