@@ -353,7 +353,8 @@ struct Avx2 {
   // A 64-chunk: weights through a 16-entry byte table (vpshufb on the nibbles) as
   // 2·e2m1 + 12 ∈ [0, 24] (unsigned), low nibbles (stored positions 0..31) and high (32..63);
   // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
-  // |·| ≤ 4·24·60 = 5760 with 8·e2m3 activations, no saturation), vpmaddwd with ones sums pairs into int32: lane j covers
+  // |·| ≤ 4·24·60 = 5760 with 8·e2m3 activations, no saturation), vpmaddwd with ones sums pairs
+  // into int32: lane j covers
   // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
   // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: one row at a time (kW4LaneAct).
   struct W4 {
@@ -393,7 +394,7 @@ struct Avx2 {
                                              1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
     const __m256i a = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 24), reinterpret_cast<const __m128i*>(p));
     const __m256i b = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 32), reinterpret_cast<const __m128i*>(p + 8));
-    auto codes = [&](__m256i src, __m256i ix) { return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, ix), to_top), 10); };
+    auto codes = [&](__m256i src, __m256i sel) { return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), to_top), 10); };
     const __m256i hi_tab = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20, 22, 24, 26,
                                             28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
     auto values = [&](__m256i c) {  // 6-bit codes → 8·e2m3 + 60
