@@ -458,17 +458,18 @@ void quantize_row_scalar(const QuantRowArgs& a) {
     }
     case DotKind::Fp4Mx: {
       if (r.kind != ActQuant::Mxfp4 && r.kind != ActQuant::Mxfp6E2M3) bad_combo(l, r);
-      const bool e2m3 = r.kind == ActQuant::Mxfp6E2M3;
+      // The integer 2^mbits · element (2·e2m1, 8·e2m3) and the block scale 2^shared · 2 / 2^mbits
+      // (the row's value / 2 · scale convention).
+      const MxElem elem = r.kind == ActQuant::Mxfp6E2M3 ? MxElem::Fp6E2M3 : MxElem::Fp4E2M1;
+      const float ival = std::ldexp(1.0f, mx_elem_mbits(elem));
       int8_t* v = reinterpret_cast<int8_t*>(dst + l.vals_off);
       float* bs = reinterpret_cast<float*>(dst + l.scales_off);
       uint8_t codes[kMxBlock];
       for (int b = 0; b < l.nblocks; ++b) {
-        const int shared = mx_quantize_block(x + b * kMxBlock, kMxBlock, e2m3 ? MxElem::Fp6E2M3 : MxElem::Fp4E2M1,
-                                             r.mx_mode, codes);
-        bs[b] = e2m3 ? std::ldexp(1.0f, shared) * 0.25f : std::ldexp(1.0f, shared);
+        const int shared = mx_quantize_block(x + b * kMxBlock, kMxBlock, elem, r.mx_mode, codes);
+        bs[b] = std::ldexp(1.0f, shared) * (2.0f / ival);
         for (int i = 0; i < kMxBlock; ++i)
-          v[act_value_position(l, b * kMxBlock + i)] =
-              static_cast<int8_t>(e2m3 ? 8.0f * fp6_e2m3_decode(codes[i]) : 2.0f * fp4_e2m1_decode(codes[i]));
+          v[act_value_position(l, b * kMxBlock + i)] = static_cast<int8_t>(ival * mx_elem_decode(elem, codes[i]));
       }
       // The kernels sum value · (w_mult · w), and value / 2 · scale is the input: 1 / (2 · w_mult).
       row_scale = 0.5f / static_cast<float>(l.w_mult);

@@ -92,6 +92,8 @@ static constexpr int fp6_value_position(int i) {
 }
 // Position of logical element i in the stored value order.
 int act_value_position(const ActLayout& l, int i);
+// The fp4 and fp6 orders store a 32-group's two 16-value halves 32 positions apart (in its 64-chunk).
+inline bool halves_apart(const ActLayout& l) { return l.fp4_order || l.fp6_order; }
 // The dequantized values x[0..k) (exact products as double) of a stored row (tests, debugging).
 void act_row_values(const ActLayout& l, const uint8_t* row, double* out);
 

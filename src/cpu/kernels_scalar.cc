@@ -93,15 +93,11 @@ struct RowDecoder {
       return;
     }
     std::memset(wi, 0, static_cast<size_t>(l.k_pad));
-    if (w.fmt == WeightFormat::Mxfp6E2M3) {  // Fp4Mx of MXFP6 E2M3 weights: 8 · e2m3
-      for (int i = 0; i < K; ++i) wi[act_value_position(l, i)] = static_cast<int8_t>(8.0f * fp6_e2m3_decode(fp6_code_at(row, i)));
-    } else {
-      for (int g = 0; g * 32 < K; ++g)
-        for (int j = 0; j < 16 && g * 32 + 2 * j < K; ++j) {
-          const uint8_t b = row[g * 16 + j];
-          wi[act_value_position(l, g * 32 + 2 * j)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(b & 0xF));
-          wi[act_value_position(l, g * 32 + 2 * j + 1)] = static_cast<int8_t>(2.0f * fp4_e2m1_decode(b >> 4));
-        }
+    // The layout's integer weights: w_mult · element (2·e2m1 for MXFP4 / NVFP4, 8·e2m3 for MXFP6 E2M3).
+    const bool fp6 = w.fmt == WeightFormat::Mxfp6E2M3;
+    for (int i = 0; i < K; ++i) {
+      const float e = fp6 ? fp6_e2m3_decode(fp6_code_at(row, i)) : fp4_e2m1_decode(fp4_code_at(row, i));
+      wi[act_value_position(l, i)] = static_cast<int8_t>(static_cast<float>(l.w_mult) * e);
     }
     const int nb = l.nblocks;
     const uint8_t* sc = w.scales + static_cast<int64_t>(n) * nb;

@@ -36,7 +36,7 @@ __device__ __forceinline__ void align_totals(const AlignArgs& a, int total_slots
 // Few slots (T · K ≤ kWarpAlignSlots: decode): warp 0 ranks the slots against each other (a slot's
 // position is the number of slots of lower local experts plus the earlier slots of its own) and
 // lays out the tiles (an expert's first slot writes them, after the tiles of lower experts); then
-// the block writes every local expert's count and offset from the 32 ranked slots. Two barriers and
+// the block writes every local expert's count and offset from the 32 ranked slots. One barrier and
 // no block-wide scan over the kMaxLocalExperts counters, where the general path below takes five.
 // The outputs are the general path's, except that within an expert the slots are in slot order
 // (there, in atomicAdd order).

@@ -58,9 +58,19 @@ constexpr W6Idx make_w6_idx() {
 }
 constexpr W6Idx kW6Idx = make_w6_idx();
 
-// Copies n ≤ 32 bytes at p into a zero-padded 32-byte buffer.
-inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp) {
-  std::memset(tmp, 0, 32);
+// FP6 codes to the top of 16-bit lanes (Avx2::dec_fp6, Avx2::w6_weights): the byte shuffle `sel`
+// puts the two bytes that hold code j in 16-bit lane j, where it starts at bit 0, 6, 4 or 2 (j % 4
+// = 0..3); one vpmullw by a per-lane power of two moves it to bits 10..15 (the bits above drop out
+// of the lane).
+inline __m256i fp6_codes_to_top(__m256i bytes, __m256i sel) {
+  const __m256i to_top = _mm256_setr_epi16(1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4,
+                                           1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
+  return _mm256_mullo_epi16(_mm256_shuffle_epi8(bytes, sel), to_top);
+}
+
+// Copies n ≤ size bytes at p into a zero-padded buffer of `size` bytes (32 unless said).
+inline const uint8_t* padded(const uint8_t* p, int n, uint8_t* tmp, int size = 32) {
+  std::memset(tmp, 0, static_cast<size_t>(size));
   std::memcpy(tmp, p, static_cast<size_t>(n));
   return tmp;
 }
@@ -166,16 +176,12 @@ struct Avx2 {
   // FP6 through fp16, like FP8 above: the code's five magnitude bits at fp16 bits 11..7 (E2M3:
   // the value × 2^−14) or 12..8 (E3M2: × 2^−12) and its sign at bit 15 — exact, subnormals
   // included — then vcvtph2ps and × s · 2^14 (2^12), or × 2^14 then × s where s · 2^14 would
-  // overflow: the same fp32 product value · s either way. 16 codes (12 bytes) per pass: a byte
-  // shuffle puts the two bytes that hold code j in 16-bit lane j, where it starts at bit 0, 6, 4 or
-  // 2 (j % 4 = 0..3); one vpmullw by a per-lane power of two moves it to bits 10..15 (the bits
-  // above drop out of the lane), an arithmetic shift right by 3 (2) puts the magnitude in place and
-  // copies the sign down over the gap, and a mask keeps bit 15 and the magnitude.
+  // overflow: the same fp32 product value · s either way. 16 codes (12 bytes) per pass, each at the
+  // top of its 16-bit lane (fp6_codes_to_top); an arithmetic shift right by 3 (2) puts the magnitude
+  // in place and copies the sign down over the gap, and a mask keeps bit 15 and the magnitude.
   template <bool kE2M3>
   static void dec_fp6(const uint8_t* p, float s, F* w) {
     constexpr float kUnit = kE2M3 ? 16384.0f : 4096.0f;
-    const __m256i to_top = _mm256_setr_epi16(1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4,
-                                             1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
     const __m256i keep = _mm256_set1_epi16(static_cast<short>(kE2M3 ? 0x8F80 : 0x9F00));
     constexpr char z = -128;
     for (int j = 0; j < 2; ++j) {
@@ -186,8 +192,7 @@ struct Avx2 {
                                            o + 6, o + 7, o + 6, o + 7, o + 7, o + 8, o + 8, z, o + 9, o + 10, o + 9, o + 10, o + 10,
                                            o + 11, o + 11, z);
       const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * j)));
-      const __m256i x = _mm256_mullo_epi16(_mm256_shuffle_epi8(b, idx), to_top);
-      const __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, kE2M3 ? 3 : 2), keep);
+      const __m256i h = _mm256_and_si256(_mm256_srai_epi16(fp6_codes_to_top(b, idx), kE2M3 ? 3 : 2), keep);
       w[2 * j] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
       w[2 * j + 1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     }
@@ -354,9 +359,8 @@ struct Avx2 {
   // 2·e2m1 + 12 ∈ [0, 24] (unsigned), low nibbles (stored positions 0..31) and high (32..63);
   // vpmaddubsw forms unsigned × signed pair sums in int16 (low- plus high-nibble halves:
   // |·| ≤ 4·24·60 = 5760 with 8·e2m3 activations, no saturation), vpmaddwd with ones sums pairs
-  // into int32: lane j covers
-  // the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4: block 2c, else 2c+1) or one
-  // NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: one row at a time (kW4LaneAct).
+  // into int32: lane j covers the positions 4j..4j+3 and 32+4j..32+4j+3 — one MX block (j < 4:
+  // block 2c, else 2c+1) or one NVFP4 block (j / 2). One token: 4 rows per pass; 2–4 tokens: one row at a time (kW4LaneAct).
   struct W4 {
     __m256i lo, hi;
   };
@@ -374,27 +378,21 @@ struct Avx2 {
   // MXFP6 E2M3 weights on the same kernels (Fp4Mx, W6A6; ActLayout's fp6 order): a 64-chunk is two
   // 24-byte blocks, 8·e2m3 + 60 ∈ [0, 120] as unsigned bytes (vpmaddubsw against |v| ≤ 60: pair sums
   // ≤ 14400, the two halves' sum ≤ 28800 in int16). Lane 0 of both vectors holds block 0, lane 1
-  // block 1; lo = codes 0–15 of each block, hi = codes 16–31. Codes to bytes as dec_fp6 does (the two
-  // bytes holding code j in a 16-bit lane, one vpmullw by 2^(10 − its bit offset), a shift right by
-  // 10), two passes per vector packed to bytes; then the magnitude m (5 bits) to 8·e2m3: m itself
-  // below 16, a byte table above (16 + 2j, 32 + 4j); the sign by vpsignb and the offset 60.
+  // block 1; lo = codes 0–15 of each block, hi = codes 16–31. Codes to bytes as dec_fp6 does
+  // (fp6_codes_to_top, then a shift right by 10), two passes per vector packed to bytes; then the
+  // magnitude m (5 bits) to 8·e2m3: m itself below 16, a byte table above (16 + 2j, 32 + 4j); the
+  // sign by vpsignb and the offset 60.
   static constexpr bool kW6Int = true;
   template <bool kFull>
   static W4 w6_weights(const uint8_t* p, int nbytes) {
     alignas(16) uint8_t tmp[48];
-    if constexpr (!kFull) {
-      std::memset(tmp, 0, sizeof(tmp));
-      std::memcpy(tmp, p, static_cast<size_t>(nbytes));
-      p = tmp;
-    }
+    if constexpr (!kFull) p = padded(p, nbytes, tmp, static_cast<int>(sizeof(tmp)));
     const __m256i* ix = reinterpret_cast<const __m256i*>(kW6Idx.t);
     const __m256i i0 = _mm256_load_si256(ix), i1 = _mm256_load_si256(ix + 1), i2 = _mm256_load_si256(ix + 2),
                   i3 = _mm256_load_si256(ix + 3);
-    const __m256i to_top = _mm256_setr_epi16(1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 4,
-                                             1 << 6, 1 << 8, 1 << 10, 1 << 4, 1 << 6, 1 << 8);
     const __m256i a = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 24), reinterpret_cast<const __m128i*>(p));
     const __m256i b = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 32), reinterpret_cast<const __m128i*>(p + 8));
-    auto codes = [&](__m256i src, __m256i sel) { return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), to_top), 10); };
+    auto codes = [](__m256i src, __m256i sel) { return _mm256_srli_epi16(fp6_codes_to_top(src, sel), 10); };
     const __m256i hi_tab = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20, 22, 24, 26,
                                             28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
     auto values = [&](__m256i c) {  // 6-bit codes → 8·e2m3 + 60

@@ -285,10 +285,10 @@ struct Avx512 {
   }
   // −w_offset · Σ of each 4 values (fill_fp4_corrections, vectorized), then the per-block words.
   static void fp4_corrections(const ActLayout& l, uint8_t* row) {
-    const __m512i ones = _mm512_set1_epi8(1), m12 = _mm512_set1_epi32(-l.w_offset);
+    const __m512i ones = _mm512_set1_epi8(1), moff = _mm512_set1_epi32(-l.w_offset);
     for (int p = 0; p < l.k_pad; p += 64) {
       const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(row + l.vals_off + p));
-      _mm512_storeu_si512(row + l.corr_off + p, _mm512_mullo_epi32(s4, m12));
+      _mm512_storeu_si512(row + l.corr_off + p, _mm512_mullo_epi32(s4, moff));
     }
     fill_fp4_block_corrections(l, row);
   }

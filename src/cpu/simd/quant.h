@@ -82,7 +82,7 @@ inline void load_group(const float* x, int g, int k, typename T::F* v) {
 // else g and g + 16.
 template <class T>
 inline void group_positions(const Row<T>& r, int g, int& p0, int& p1) {
-  if (r.l.fp4_order || r.l.fp6_order) {
+  if (halves_apart(r.l)) {
     p0 = (g & ~63) + 16 * ((g >> 5) & 1);
     p1 = p0 + 32;
   } else {
@@ -166,7 +166,7 @@ void quantize_row(const QuantRowArgs& a) {
     if (l.kind == DotKind::Bf16) return quantize_row_scalar(a);  // not selected on this target (dot_kind_for)
   std::memset(a.dst, 0, 64);
   {  // zero the value tail from the last (partial) 32-group on (every term row), and the block-scale slack
-    const int from = l.fp4_order || l.fp6_order ? (k & ~63) : (k & ~31);
+    const int from = halves_apart(l) ? (k & ~63) : (k & ~31);
     for (int64_t t = 0; t < l.vals_bytes / l.term_bytes; ++t)
       std::memset(a.dst + l.vals_off + t * l.term_bytes + static_cast<int64_t>(from) * l.elem_bytes, 0,
                   static_cast<size_t>(l.k_pad - from) * l.elem_bytes);
